@@ -1,0 +1,55 @@
+// Speed targets (issue 2): a training estimate for a 70B model on the
+// analytic path in under 20 microseconds. The model graph is loaded once
+// (as a server or a planner would); the benchmark times estimate() alone,
+// plus loading a preset from its embedded config for reference.
+#include <benchmark/benchmark.h>
+
+#include "gpumem/memory/estimate.hpp"
+#include "gpumem/model/load.hpp"
+
+using namespace gpumem;
+
+static void BM_Estimate70BTrain(benchmark::State& state) {
+    const ModelGraph g = load_model("llama-3-70b").value();
+    EstimateRequest req;
+    req.model = "llama-3-70b";
+    req.batch = 1;
+    req.seq = 4096;
+    req.mode = Mode::Train;
+    req.gpu = "H100";
+    for (auto _ : state) {
+        auto r = estimate(g, req);
+        benchmark::DoNotOptimize(r);
+    }
+}
+BENCHMARK(BM_Estimate70BTrain)->Unit(benchmark::kMicrosecond);
+
+static void BM_Estimate70BLora(benchmark::State& state) {
+    const ModelGraph g = load_model("llama-3-70b").value();
+    EstimateRequest req;
+    req.mode = Mode::QLora;
+    req.seq = 4096;
+    for (auto _ : state) {
+        auto r = estimate(g, req);
+        benchmark::DoNotOptimize(r);
+    }
+}
+BENCHMARK(BM_Estimate70BLora)->Unit(benchmark::kMicrosecond);
+
+static void BM_LoadPreset70B(benchmark::State& state) {
+    for (auto _ : state) {
+        auto g = load_model("llama-3-70b");
+        benchmark::DoNotOptimize(g);
+    }
+}
+BENCHMARK(BM_LoadPreset70B)->Unit(benchmark::kMicrosecond);
+
+static void BM_LoadDeepseekV3(benchmark::State& state) {
+    for (auto _ : state) {
+        auto g = load_model("deepseek-v3");
+        benchmark::DoNotOptimize(g);
+    }
+}
+BENCHMARK(BM_LoadDeepseekV3)->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();

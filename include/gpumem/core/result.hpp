@@ -1,0 +1,92 @@
+// gpumem/core/result.hpp — fallible results for everything that reads input.
+//
+// Input can be wrong in many ways (malformed JSON, an impossible layout, a
+// negative batch). Those are not exceptions of the program but answers to the
+// user: a Result carries either a value or an Error whose message names the
+// offending file/field and says how to fix it. Front ends map an Error to exit
+// code 2 (CLI), HTTP 4xx (server) or ValueError (Python). "Does not fit" is
+// not an error: it is a field of the estimate.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace gpumem {
+
+enum class ErrorCode { InvalidArgument, ParseError, NotFound, Unsupported, Overflow, Io };
+
+const char* to_string(ErrorCode c);
+
+struct Error {
+    ErrorCode code = ErrorCode::InvalidArgument;
+    std::string message;  // one line: what is wrong, where, and the fix
+    std::string field;    // the flag, JSON field or file the error is about ("" if none)
+};
+
+// Exception wrapper used inside loaders to unwind deep parsing code; the
+// public entry points catch it and return Result errors.
+class InputError : public std::runtime_error {
+public:
+    explicit InputError(Error e) : std::runtime_error(e.message), error_(std::move(e)) {}
+    [[nodiscard]] const Error& error() const { return error_; }
+
+private:
+    Error error_;
+};
+
+[[noreturn]] inline void fail(ErrorCode code, std::string field, std::string message) {
+    throw InputError(Error{code, std::move(message), std::move(field)});
+}
+
+template <class T>
+class Result {
+public:
+    Result(T value) : v_(std::move(value)) {}            // NOLINT(google-explicit-constructor)
+    Result(Error error) : v_(std::move(error)) {}        // NOLINT(google-explicit-constructor)
+
+    [[nodiscard]] bool ok() const { return v_.index() == 0; }
+    explicit operator bool() const { return ok(); }
+    [[nodiscard]] const T& value() const& {
+        if (!ok()) throw std::logic_error("Result::value() on an error: " + error().message);
+        return std::get<0>(v_);
+    }
+    [[nodiscard]] T& value() & {
+        if (!ok()) throw std::logic_error("Result::value() on an error: " + error().message);
+        return std::get<0>(v_);
+    }
+    [[nodiscard]] T&& value() && {
+        if (!ok()) throw std::logic_error("Result::value() on an error: " + error().message);
+        return std::get<0>(std::move(v_));
+    }
+    [[nodiscard]] const Error& error() const { return std::get<1>(v_); }
+    const T* operator->() const { return &value(); }
+    const T& operator*() const { return value(); }
+
+private:
+    std::variant<T, Error> v_;
+};
+
+// Runs f(); converts InputError / OverflowError / nlohmann parse errors thrown
+// inside into an Error. Defined in result.cpp.
+template <class F>
+auto capture(F&& f) -> Result<decltype(f())>;
+
+}  // namespace gpumem
+
+#include "gpumem/core/bytes.hpp"
+
+namespace gpumem {
+template <class F>
+auto capture(F&& f) -> Result<decltype(f())> {
+    try {
+        return f();
+    } catch (const InputError& e) {
+        return e.error();
+    } catch (const OverflowError& e) {
+        return Error{ErrorCode::Overflow, std::string("size overflows 64 bits: ") + e.what(), ""};
+    }
+}
+}  // namespace gpumem

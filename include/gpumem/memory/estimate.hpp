@@ -1,0 +1,91 @@
+// gpumem/memory/estimate.hpp — per-GPU memory of one training or inference job.
+//
+// The analytic path: model states from the parameter list and the
+// optimizer's real state layout, activations from the graph's saved-tensor
+// rules, KV cache from the transformer dims, transients from the largest
+// tensors of each phase, allocator and CUDA-context overheads from the GPU.
+// Everything is returned as data (an EstimateResult); renderers print it.
+//
+// Peak model (steady-state step, torch.cuda.max_memory_allocated):
+//   forward end   = W + O + G_acc + A + T_loss
+//   backward      = W + O + G_acc + A + T_bwd       (activation grads in flight)
+//   optimizer     = W + O + G + T_opt               (foreach temporaries)
+// W weights (+ quantization metadata), O optimizer states incl. fp32 master
+// weights, G gradients (G_acc: kept between micro-batches when grad-accum > 1),
+// A saved activations, T transients. peak_reserved adds the caching
+// allocator's rounding and cached-free slack; total_device adds the CUDA
+// context (nvidia-smi). Issue 3's simulator replaces these three by replay.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpumem/core/bytes.hpp"
+#include "gpumem/core/result.hpp"
+#include "gpumem/memory/activations.hpp"
+#include "gpumem/memory/gpu_catalog.hpp"
+#include "gpumem/memory/request.hpp"
+#include "gpumem/model/graph.hpp"
+
+namespace gpumem {
+
+// One row of the per-GPU breakdown. Rows sum exactly to the total.
+struct BreakdownRow {
+    std::string key;      // stable machine name ("weights", "gradients", ...)
+    std::string label;    // for people
+    Bytes bytes;
+    std::string detail;   // how it was computed
+};
+
+struct ParamSummary {
+    std::int64_t total = 0;
+    std::int64_t trainable = 0;
+    std::vector<std::pair<std::string, std::int64_t>> by_component;  // fixed component order, zeros omitted
+    std::vector<std::pair<std::string, std::int64_t>> by_dtype;
+};
+
+ParamSummary summarize_params(const ModelGraph& g);
+
+struct PerGpu {
+    Bytes weights;
+    Bytes gradients;
+    Bytes optimizer_states;   // incl. fp32 master weights where kept
+    Bytes master_weights;     // part of optimizer_states
+    Bytes activations;        // saved for backward at the end of one micro-batch's forward
+    Bytes kv_cache;
+    Bytes transient;          // temporaries at the peak phase
+    Bytes cublas_workspace;
+    Bytes peak_allocated;
+    Bytes allocator_overhead; // reserved - allocated at the peak
+    Bytes peak_reserved;
+    Bytes cuda_context;
+    Bytes total_device;
+    Bytes capacity;
+    bool fits = false;
+    std::string peak_phase;   // "forward", "backward", "optimizer", "prefill", "decode"
+};
+
+struct EstimateResult {
+    EstimateRequest request;      // with defaults filled in
+    std::string model_name;
+    std::string model_source;
+    std::string family;
+    ParamSummary params;
+    std::int64_t trainable_params = 0;  // after LoRA/freezing
+    std::int64_t seq = 0;
+    GpuSpec gpu;
+    PerGpu per_gpu;
+    std::vector<BreakdownRow> breakdown;  // sums to per_gpu.total_device
+    ActivationResult activation_detail;
+    std::vector<std::string> assumptions;
+    std::vector<std::string> warnings;
+};
+
+// Validates the request against the model (batch > 0, seq within limits,
+// LoRA targets present, ...) and computes the estimate.
+Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req);
+// Loads the model named by the request (or --params) and estimates.
+Result<EstimateResult> estimate(const EstimateRequest& req);
+
+}  // namespace gpumem

@@ -1,0 +1,184 @@
+// gpumem/model/graph.hpp — the one internal model graph.
+//
+// Every input (built-in preset, Hugging Face config.json, model folder with
+// safetensors headers, layer-list JSON) is lowered into a ModelGraph. Parameter
+// counts, model-state memory, saved-activation memory, KV cache and (later) the
+// step simulator all read this structure and never format-specific code.
+//
+// Shape of the graph:
+//
+//   ModelGraph
+//     blocks[0]  "embeddings"   repeat 1    params, tensors, ops
+//     blocks[1]  "layers"       repeat L    one transformer layer, executed L times
+//     blocks[2]  "head"         repeat 1    final norm, lm_head, loss
+//
+// A Block is a straight-line list of ops executed `repeat` times in sequence;
+// repeated identical layers are stored once so that a 671B-parameter model with
+// 61 layers is a handful of blocks and an estimate stays in microseconds.
+// Tensor 0 of a block is its input (the previous block's output); `output` is
+// the tensor handed to the next block.
+//
+// Tensor sizes are symbolic in the micro-batch b and sequence length s:
+// elements = b * (c0 + c1*s + c2*s^2): c1 covers token streams [b, s, h],
+// c2 attention scores [b, a, s, s], c0 fixed per-sample shapes (CNN maps).
+// Tensor dtypes are roles resolved from the precision mode at estimate time,
+// because the same graph is estimated under fp32, bf16 and autocast.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpumem/core/bytes.hpp"
+#include "gpumem/core/dtype.hpp"
+
+namespace gpumem {
+
+// Parameter grouping used by `gpumem params` (by component).
+enum class Component : std::uint8_t { Embeddings, Attention, Mlp, Experts, Router, Norms, Head, Other };
+inline constexpr int kComponentCount = 8;
+const char* component_name(Component c);
+
+struct Extent {
+    std::int64_t c0 = 0;  // elements per sample independent of s
+    std::int64_t c1 = 0;  // elements per token
+    std::int64_t c2 = 0;  // elements per token^2 (attention scores)
+    [[nodiscard]] std::int64_t elements(std::int64_t b, std::int64_t s) const;
+    static Extent per_sample(std::int64_t n) { return {n, 0, 0}; }
+    static Extent per_token(std::int64_t n) { return {0, n, 0}; }
+    static Extent per_token2(std::int64_t n) { return {0, 0, n}; }
+};
+
+// How an activation's dtype follows the precision mode (resolved by
+// memory/precision.hpp): under torch.autocast the residual stream stays in the
+// parameter dtype (fp32) while matmul outputs are 16-bit.
+enum class ActRole : std::uint8_t {
+    Stream,   // parameter dtype: fp32 for fp32/amp, 16-bit for pure fp16/bf16
+    Lowered,  // outputs of autocast-lowered ops (linear, matmul, conv) and what follows them
+    Float32,  // always fp32 (norm statistics, explicit .float() upcasts, fp32 logits)
+    Index64,  // int64 (token ids, labels, max-pool indices)
+    Mask8,    // 1-byte bool/uint8 (dropout masks)
+};
+
+using TensorId = std::int32_t;
+
+struct TensorInfo {
+    std::string name;
+    Extent extent;
+    ActRole role = ActRole::Stream;
+    // `.to(dtype)` returns its input when the dtype already matches: a tensor
+    // with alias_of >= 0 shares that tensor's storage whenever both resolve to
+    // the same dtype (e.g. HF RMSNorm's hidden_states.to(torch.float32)).
+    TensorId alias_of = -1;
+};
+
+// A tensor autograd keeps for the backward of an op.
+struct SavedRef {
+    TensorId tensor = -1;
+    // Under autocast the op saves its own 16-bit cast of an fp32 input (a new
+    // storage per op; autocast caches casts of leaf weights only).
+    bool autocast_cast = false;
+    // Saved only for the gradient of the op's own parameters (mm saves its
+    // input only when the weight requires grad): dropped for frozen layers
+    // (LoRA/QLoRA base weights).
+    bool only_for_param_grad = false;
+};
+
+enum class OpKind : std::uint8_t {
+    Input, Embedding, Linear, Matmul, Attention /* fused SDPA/flash */, Softmax, LayerNorm, RMSNorm,
+    Activation, Dropout, Add, Mul, Elementwise, Cast, View, Conv2d, BatchNorm2d, MaxPool2d, AvgPool2d,
+    AdaptiveAvgPool2d, Flatten, Router, Experts, Loss
+};
+const char* op_kind_name(OpKind k);
+
+// Op flags.
+enum OpFlag : std::uint8_t {
+    kAttnCore = 1,     // scores/softmax/dropout of attention: dropped by selective recompute
+    kLoraTarget = 2,   // reserved for adapters
+};
+
+struct Op {
+    OpKind kind = OpKind::Elementwise;
+    std::string name;  // module path inside the block, e.g. "self_attn.q_proj"
+    std::vector<TensorId> inputs;
+    std::vector<TensorId> outputs;
+    std::vector<SavedRef> saved;
+    std::vector<std::int32_t> params;  // indices into Block::params
+    Extent flops;                      // forward FLOPs, same symbolic form as tensor sizes
+    std::uint8_t flags = 0;
+    // Linear ops: in/out features, used by LoRA (adapter shapes).
+    std::int64_t in_features = 0;
+    std::int64_t out_features = 0;
+};
+
+struct Param {
+    std::string name;                 // e.g. "self_attn.q_proj.weight"
+    std::vector<std::int64_t> shape;  // one tensor's shape
+    std::int64_t count = 1;           // identical tensors of this shape (e.g. MoE experts)
+    DType dtype = DType::F32;
+    Component component = Component::Other;
+    bool trainable = true;
+    bool linear_weight = false;       // weight of an nn.Linear: quantizable, LoRA-able
+    std::string module;               // leaf module name for LoRA matching ("q_proj", "c_attn", ...)
+    [[nodiscard]] std::int64_t numel() const;  // count * prod(shape), checked
+};
+
+// Where an attention core (scores, mask, softmax, dropout, weighted sum)
+// sits in a block: fused kernels (flash/SDPA) and selective recompute replace
+// the core's saved tensors by its inputs q, k, v (and for flash, the output
+// and an fp32 logsumexp of [b, heads, s]).
+struct AttentionSite {
+    TensorId q = -1, k = -1, v = -1, out = -1;
+    std::int64_t heads = 0;
+};
+
+struct Block {
+    std::string name;
+    std::int64_t repeat = 1;
+    bool checkpointable = false;  // a transformer layer: HF gradient checkpointing wraps it
+    std::vector<Param> params;
+    std::vector<TensorInfo> tensors;  // tensors[0] is the block input
+    std::vector<Op> ops;
+    std::vector<AttentionSite> attention;
+    TensorId output = 0;
+};
+
+// Transformer-level facts that formulas need beyond the op list.
+struct TransformerDims {
+    std::int64_t layers = 0;
+    std::int64_t hidden = 0;
+    std::int64_t heads = 0;
+    std::int64_t kv_heads = 0;
+    std::int64_t head_dim = 0;
+    std::int64_t intermediate = 0;
+    std::int64_t vocab = 0;
+    std::int64_t experts = 0;          // routed experts (0 = dense)
+    std::int64_t experts_per_token = 0;
+    // KV-cache elements per token summed over all layers (2*kv*d per layer, or
+    // the MLA latent kv_lora_rank + rope dim for DeepSeek).
+    std::int64_t kv_elements_per_token = 0;
+    bool encoder_decoder = false;
+};
+
+struct ModelGraph {
+    std::string name;
+    std::string family;  // "llama", "gpt2", "layers" (layer-list JSON), "params-only", ...
+    std::string source;  // "preset", "config.json", "safetensors", "layer-list", "--params"
+    std::vector<Block> blocks;
+    std::optional<TransformerDims> transformer;
+    std::int64_t max_positions = 0;  // 0: no limit known
+    bool has_sequence = true;        // false for fixed-shape (CNN/MLP) models: --seq ignored
+    // --params only: no graph, just a count (model states only).
+    std::int64_t params_only = 0;
+    std::vector<std::string> notes;  // assumptions made while loading
+    // Model folders only: parameters stored per dtype in the safetensors
+    // headers (buffers excluded), ascending by DType; empty for other sources.
+    std::vector<std::pair<DType, std::int64_t>> header_dtype_counts;
+
+    [[nodiscard]] std::int64_t total_params() const;
+    [[nodiscard]] std::int64_t trainable_params() const;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,45 @@
+// gpumem/model/load.hpp — one entry point for every way a user names a model.
+//
+//   "llama-3-8b"               built-in preset (configs embedded in the binary)
+//   path/to/config.json        Hugging Face config
+//   path/to/model_dir/         config.json + *.safetensors headers (weights never read)
+//   path/to/model.json         layer-list JSON for custom models ({"layers": [...]})
+//   --params 7B                a parameter count only (model states, no activations)
+//
+// All of them return a ModelGraph or an Error naming the file and field.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "gpumem/core/result.hpp"
+#include "gpumem/model/graph.hpp"
+
+namespace gpumem {
+
+struct PresetInfo {
+    std::string name;        // "llama-3-8b"
+    std::string model_type;  // "llama"
+    std::string hf_id;       // "meta-llama/Meta-Llama-3-8B"
+};
+
+const std::vector<PresetInfo>& presets();
+// The embedded config.json text of a preset, or nullptr.
+const char* preset_config_text(std::string_view name);
+
+Result<ModelGraph> load_model(const std::string& spec);
+Result<ModelGraph> load_preset(std::string_view name);
+Result<ModelGraph> load_hf_config_file(const std::string& path);
+Result<ModelGraph> load_hf_config_json(const nlohmann::json& config, std::string_view origin);
+Result<ModelGraph> load_model_dir(const std::string& dir);
+Result<ModelGraph> load_layer_list_file(const std::string& path);
+Result<ModelGraph> load_layer_list_json(const nlohmann::json& doc, std::string_view origin);
+ModelGraph params_only_graph(std::int64_t params);
+
+// "7B", "1.5e9", "125M", "70b", "1234567" -> parameter count.
+Result<std::int64_t> parse_param_count(std::string_view text);
+
+}  // namespace gpumem

@@ -1,0 +1,101 @@
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "gpumem/core/bytes.hpp"
+#include "gpumem/core/dtype.hpp"
+#include "gpumem/core/result.hpp"
+
+namespace gpumem {
+
+std::string format_bytes(Bytes b) {
+    const std::int64_t n = b.count();
+    const double a = std::fabs(static_cast<double>(n));
+    char buf[64];
+    if (a < 1024.0) {
+        std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(n));
+    } else if (a < 1024.0 * 1024.0) {
+        std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(n) / 1024.0);
+    } else if (a < 1024.0 * 1024.0 * 1024.0) {
+        std::snprintf(buf, sizeof buf, "%.2f MiB", b.mib());
+    } else if (a < 1024.0 * 1024.0 * 1024.0 * 1024.0) {
+        std::snprintf(buf, sizeof buf, "%.2f GiB", b.gib());
+    } else {
+        std::snprintf(buf, sizeof buf, "%.2f TiB", b.gib() / 1024.0);
+    }
+    return buf;
+}
+
+const char* to_string(ErrorCode c) {
+    switch (c) {
+        case ErrorCode::InvalidArgument: return "invalid_argument";
+        case ErrorCode::ParseError: return "parse_error";
+        case ErrorCode::NotFound: return "not_found";
+        case ErrorCode::Unsupported: return "unsupported";
+        case ErrorCode::Overflow: return "overflow";
+        case ErrorCode::Io: return "io_error";
+    }
+    return "error";
+}
+
+int dtype_bits(DType t) {
+    switch (t) {
+        case DType::F64: case DType::I64: return 64;
+        case DType::F32: case DType::I32: return 32;
+        case DType::F16: case DType::BF16: case DType::I16: return 16;
+        case DType::F8_E4M3: case DType::F8_E5M2: case DType::I8: case DType::U8: case DType::Bool: return 8;
+        case DType::NF4: case DType::Int4: return 4;
+    }
+    return 8;
+}
+
+std::string_view dtype_name(DType t) {
+    switch (t) {
+        case DType::F64: return "float64";
+        case DType::F32: return "float32";
+        case DType::F16: return "float16";
+        case DType::BF16: return "bfloat16";
+        case DType::F8_E4M3: return "float8_e4m3fn";
+        case DType::F8_E5M2: return "float8_e5m2";
+        case DType::I64: return "int64";
+        case DType::I32: return "int32";
+        case DType::I16: return "int16";
+        case DType::I8: return "int8";
+        case DType::U8: return "uint8";
+        case DType::Bool: return "bool";
+        case DType::NF4: return "nf4";
+        case DType::Int4: return "int4";
+    }
+    return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view in) {
+    std::string s;
+    for (char c : in) s.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+    if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+    struct Alias { const char* name; DType t; };
+    static constexpr std::array<Alias, 30> kAliases{{
+        {"float64", DType::F64}, {"f64", DType::F64}, {"double", DType::F64},
+        {"float32", DType::F32}, {"f32", DType::F32}, {"fp32", DType::F32}, {"float", DType::F32},
+        {"float16", DType::F16}, {"f16", DType::F16}, {"fp16", DType::F16}, {"half", DType::F16},
+        {"bfloat16", DType::BF16}, {"bf16", DType::BF16},
+        {"float8_e4m3fn", DType::F8_E4M3}, {"f8_e4m3", DType::F8_E4M3}, {"fp8", DType::F8_E4M3},
+        {"float8_e5m2", DType::F8_E5M2}, {"f8_e5m2", DType::F8_E5M2},
+        {"int64", DType::I64}, {"i64", DType::I64}, {"int32", DType::I32}, {"i32", DType::I32},
+        {"int16", DType::I16}, {"i16", DType::I16}, {"int8", DType::I8}, {"i8", DType::I8},
+        {"uint8", DType::U8}, {"u8", DType::U8}, {"bool", DType::Bool}, {"nf4", DType::NF4},
+    }};
+    for (const auto& a : kAliases)
+        if (s == a.name) return a.t;
+    if (s == "int4") return DType::Int4;
+    return std::nullopt;
+}
+
+Bytes dtype_bytes(DType t, std::int64_t elements) {
+    const std::int64_t bits = checked_mul(elements, dtype_bits(t));
+    return Bytes(bits / 8 + (bits % 8 ? 1 : 0));
+}
+
+}  // namespace gpumem

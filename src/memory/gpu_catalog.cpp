@@ -1,0 +1,85 @@
+#include "gpumem/memory/gpu_catalog.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+namespace gpumem {
+
+namespace {
+constexpr std::int64_t kGB = 1000LL * 1000 * 1000;
+// cuBLAS default workspace: ":4096:2:16:8" = 2 x 4 MiB + 8 x 16 KiB before
+// Hopper; PyTorch >= 2.3 uses ":4096:8" (32 MiB) on compute capability >= 9.0
+// (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize).
+const Bytes kCublasPreHopper{8519680};
+const Bytes kCublasHopper = MiB(32);
+// CUDA context + kernel images with lazy module loading (CUDA >= 11.7,
+// PyTorch >= 2.0): a few hundred MiB; eager loading on older stacks measured
+// 1.3-1.6 GiB (seed 001: 1351 MiB V100/CUDA 10.2, 1639 MiB RTX 3090/CUDA 11.4;
+// HF model_memory_anatomy: 1343 MiB V100/CUDA 11.2).
+const Bytes kContextLazy = MiB(512);
+
+GpuSpec gpu(std::string name, std::vector<std::string> aliases, std::string vendor, std::string arch, int cc,
+            Bytes mem, double bw, double fp32, double tf32, double fp16, double bf16, double fp8, double int8) {
+    GpuSpec g;
+    g.name = std::move(name);
+    g.aliases = std::move(aliases);
+    g.vendor = std::move(vendor);
+    g.arch = std::move(arch);
+    g.compute_capability = cc;
+    g.memory = mem;
+    g.bandwidth_gbs = bw;
+    g.tflops_fp32 = fp32;
+    g.tflops_tf32 = tf32;
+    g.tflops_fp16 = fp16;
+    g.tflops_bf16 = bf16;
+    g.tflops_fp8 = fp8;
+    g.tflops_int8 = int8;
+    g.cuda_context = kContextLazy;
+    g.cublas_workspace = cc >= 90 ? kCublasHopper : kCublasPreHopper;
+    return g;
+}
+
+std::string canon(std::string_view s) {
+    std::string out;
+    for (char c : s)
+        if (std::isalnum(static_cast<unsigned char>(c))) out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+    return out;
+}
+}  // namespace
+
+const std::vector<GpuSpec>& gpu_catalog() {
+    // Dense (non-sparse) peak TFLOP/s from the vendors' datasheets; SXM parts
+    // where both SXM and PCIe exist.
+    static const std::vector<GpuSpec> kCatalog = {
+        gpu("A100-40GB", {"a100-40gb", "a10040gb", "a100-40", "a100 40gb"}, "NVIDIA", "ampere", 80, GiB(40), 1555, 19.5, 156, 312, 312, 0, 624),
+        gpu("A100-80GB", {"a100-80gb", "a10080gb", "a100", "a100-80"}, "NVIDIA", "ampere", 80, GiB(80), 2039, 19.5, 156, 312, 312, 0, 624),
+        gpu("H100-80GB", {"h100", "h100-80gb", "h100-sxm", "h10080gb"}, "NVIDIA", "hopper", 90, GiB(80), 3350, 67, 494.7, 989.4, 989.4, 1978.9, 1978.9),
+        gpu("H200-141GB", {"h200", "h200-141gb"}, "NVIDIA", "hopper", 90, Bytes(141 * kGB), 4800, 67, 494.7, 989.4, 989.4, 1978.9, 1978.9),
+        gpu("B200-180GB", {"b200", "b200-180gb"}, "NVIDIA", "blackwell", 100, Bytes(180 * kGB), 8000, 75, 1100, 2250, 2250, 4500, 4500),
+        gpu("L4-24GB", {"l4", "l4-24gb"}, "NVIDIA", "ada", 89, Bytes(24 * kGB), 300, 30.3, 60, 121, 121, 242.5, 242.5),
+        gpu("L40S-48GB", {"l40s", "l40s-48gb"}, "NVIDIA", "ada", 89, Bytes(48 * kGB), 864, 91.6, 183, 362.05, 362.05, 733, 733),
+        gpu("A10G-24GB", {"a10g", "a10g-24gb", "a10"}, "NVIDIA", "ampere", 86, Bytes(24 * kGB), 600, 31.2, 62.5, 125, 125, 0, 250),
+        gpu("T4-16GB", {"t4", "t4-16gb"}, "NVIDIA", "turing", 75, Bytes(16 * kGB), 320, 8.1, 0, 65, 0, 0, 130),
+        gpu("V100-16GB", {"v100", "v100-16gb", "v100-sxm2-16gb", "teslav100sxm216gb"}, "NVIDIA", "volta", 70, GiB(16), 900, 15.7, 0, 125, 0, 0, 0),
+        gpu("V100-32GB", {"v100-32gb", "v100-sxm2-32gb"}, "NVIDIA", "volta", 70, GiB(32), 900, 15.7, 0, 125, 0, 0, 0),
+        gpu("RTX-3090", {"rtx3090", "rtx-3090", "3090"}, "NVIDIA", "ampere", 86, GiB(24), 936, 35.6, 35.6, 71, 71, 0, 284),
+        gpu("RTX-4090", {"rtx4090", "rtx-4090", "4090"}, "NVIDIA", "ada", 89, GiB(24), 1008, 82.6, 82.6, 165.2, 165.2, 330.3, 660.6),
+        gpu("MI300X", {"mi300x", "mi300x-192gb"}, "AMD", "cdna3", 0, Bytes(192 * kGB), 5300, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9),
+    };
+    return kCatalog;
+}
+
+Result<GpuSpec> find_gpu(std::string_view name) {
+    const std::string key = canon(name);
+    for (const auto& g : gpu_catalog()) {
+        if (canon(g.name) == key) return g;
+        for (const auto& a : g.aliases)
+            if (canon(a) == key) return g;
+    }
+    std::string list;
+    for (const auto& g : gpu_catalog()) list += (list.empty() ? "" : ", ") + g.name;
+    return Error{ErrorCode::NotFound, "--gpu: unknown GPU \"" + std::string(name) + "\"; known: " + list +
+                                          " (or give --gpu-memory for another card)", "gpu"};
+}
+
+}  // namespace gpumem

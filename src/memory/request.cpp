@@ -1,0 +1,198 @@
+#include "gpumem/memory/request.hpp"
+
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace gpumem {
+
+namespace {
+template <class E, std::size_t N>
+struct EnumTable {
+    std::array<std::pair<const char*, E>, N> rows;
+};
+
+template <class E, std::size_t N>
+Result<E> parse_enum(std::string_view s, const std::array<std::pair<const char*, E>, N>& rows, const char* flag) {
+    std::string lower;
+    for (char c : s) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+    for (const auto& [name, v] : rows)
+        if (lower == name) return v;
+    std::string list;
+    for (const auto& [name, v] : rows) list += (list.empty() ? "" : "|") + std::string(name);
+    return Error{ErrorCode::InvalidArgument,
+                 std::string("--") + flag + ": unknown value \"" + std::string(s) + "\"; use one of " + list, flag};
+}
+
+template <class E, std::size_t N>
+const char* enum_name(E v, const std::array<std::pair<const char*, E>, N>& rows) {
+    for (const auto& [name, e] : rows)
+        if (e == v) return name;
+    return "?";
+}
+
+constexpr std::array<std::pair<const char*, Mode>, 4> kModes{{{"train", Mode::Train}, {"lora", Mode::Lora}, {"qlora", Mode::QLora}, {"infer", Mode::Infer}}};
+constexpr std::array<std::pair<const char*, Precision>, 5> kPrecisions{{{"fp32", Precision::FP32}, {"fp16", Precision::FP16}, {"bf16", Precision::BF16}, {"amp-fp16", Precision::AmpFP16}, {"amp-bf16", Precision::AmpBF16}}};
+constexpr std::array<std::pair<const char*, Optimizer>, 7> kOptimizers{{{"sgd", Optimizer::SGD}, {"sgd-momentum", Optimizer::SGDMomentum}, {"adam", Optimizer::Adam}, {"adamw", Optimizer::AdamW}, {"adamw-8bit", Optimizer::AdamW8bit}, {"adafactor", Optimizer::Adafactor}, {"lion", Optimizer::Lion}}};
+constexpr std::array<std::pair<const char*, Recompute>, 3> kRecompute{{{"none", Recompute::None}, {"selective", Recompute::Selective}, {"full", Recompute::Full}}};
+constexpr std::array<std::pair<const char*, Attention>, 2> kAttention{{{"eager", Attention::Eager}, {"flash", Attention::Flash}}};
+constexpr std::array<std::pair<const char*, Quant>, 4> kQuant{{{"none", Quant::None}, {"int8", Quant::Int8}, {"int4", Quant::Int4}, {"nf4", Quant::NF4}}};
+}  // namespace
+
+const char* to_string(Mode v) { return enum_name(v, kModes); }
+const char* to_string(Precision v) { return enum_name(v, kPrecisions); }
+const char* to_string(Optimizer v) { return enum_name(v, kOptimizers); }
+const char* to_string(Recompute v) { return enum_name(v, kRecompute); }
+const char* to_string(Attention v) { return enum_name(v, kAttention); }
+const char* to_string(Quant v) { return enum_name(v, kQuant); }
+
+Result<Mode> parse_mode(std::string_view s) { return parse_enum(s, kModes, "mode"); }
+Result<Precision> parse_precision(std::string_view s) { return parse_enum(s, kPrecisions, "precision"); }
+Result<Optimizer> parse_optimizer(std::string_view s) { return parse_enum(s, kOptimizers, "optimizer"); }
+Result<Recompute> parse_recompute(std::string_view s) { return parse_enum(s, kRecompute, "recompute"); }
+Result<Attention> parse_attention(std::string_view s) { return parse_enum(s, kAttention, "attention"); }
+Result<Quant> parse_quant(std::string_view s) { return parse_enum(s, kQuant, "quant"); }
+
+Result<Bytes> parse_size(std::string_view in, std::string_view field) {
+    std::string s;
+    for (char c : in)
+        if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
+    auto bad = [&](const std::string& why) {
+        return Error{ErrorCode::InvalidArgument,
+                     "--" + std::string(field) + ": " + why + " (\"" + std::string(in) +
+                         "\"); write a size such as 24GiB, 80GB or 512MiB",
+                     std::string(field)};
+    };
+    if (s.empty()) return bad("empty size");
+    std::size_t i = 0;
+    while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.' || s[i] == '-' || s[i] == '+' ||
+                            s[i] == 'e' || s[i] == 'E'))
+        ++i;
+    // "e" may belong to a unit? Units never start with e, so this is safe.
+    double v = 0;
+    try {
+        std::size_t used = 0;
+        v = std::stod(s.substr(0, i), &used);
+        if (used != i) return bad("not a number");
+    } catch (...) {
+        return bad("not a number");
+    }
+    std::string unit;
+    for (char c : s.substr(i)) unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+    double mult = 1;
+    if (unit.empty() || unit == "b") mult = 1;
+    else if (unit == "kib" || unit == "k") mult = 1024.0;
+    else if (unit == "mib" || unit == "m") mult = 1024.0 * 1024;
+    else if (unit == "gib" || unit == "g") mult = 1024.0 * 1024 * 1024;
+    else if (unit == "tib" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
+    else if (unit == "kb") mult = 1e3;
+    else if (unit == "mb") mult = 1e6;
+    else if (unit == "gb") mult = 1e9;
+    else if (unit == "tb") mult = 1e12;
+    else return bad("unknown unit \"" + unit + "\"");
+    const double bytes = v * mult;
+    if (!(bytes > 0)) return bad("size must be positive");
+    if (bytes > 9.2e18) return bad("size too large");
+    return Bytes(static_cast<std::int64_t>(std::llround(bytes)));
+}
+
+namespace {
+// Reads an integer from a JSON value that may also be a string.
+std::int64_t json_int(const nlohmann::json& v, const std::string& key) {
+    if (v.is_number_integer()) return v.get<std::int64_t>();
+    if (v.is_number_float()) {
+        const double d = v.get<double>();
+        if (std::floor(d) == d && std::fabs(d) < 9e18) return static_cast<std::int64_t>(d);
+    }
+    fail(ErrorCode::InvalidArgument, key, "\"" + key + "\" must be an integer (got " + v.dump() + ")");
+}
+std::string json_str(const nlohmann::json& v, const std::string& key) {
+    if (v.is_string()) return v.get<std::string>();
+    fail(ErrorCode::InvalidArgument, key, "\"" + key + "\" must be a string (got " + v.dump() + ")");
+}
+template <class T>
+T take(Result<T> r) {
+    if (!r) throw InputError(r.error());
+    return std::move(r).value();
+}
+}  // namespace
+
+Result<EstimateRequest> request_from_json(const nlohmann::json& body) {
+    return capture([&]() -> EstimateRequest {
+        if (!body.is_object()) fail(ErrorCode::InvalidArgument, "", "request body must be a JSON object");
+        EstimateRequest r;
+        for (const auto& [k0, v] : body.items()) {
+            std::string k = k0;
+            for (auto& c : k)
+                if (c == '_') c = '-';
+            if (k == "model") r.model = json_str(v, k);
+            else if (k == "params") {
+                if (v.is_string()) {
+                    // parsed by the model layer; keep digits only here
+                    fail(ErrorCode::InvalidArgument, "params", "\"params\" must be an integer count in JSON requests");
+                }
+                r.params_count = json_int(v, k);
+            } else if (k == "mode") r.mode = take(parse_mode(json_str(v, k)));
+            else if (k == "batch") r.batch = json_int(v, k);
+            else if (k == "seq") r.seq = json_int(v, k);
+            else if (k == "grad-accum") r.grad_accum = json_int(v, k);
+            else if (k == "precision") r.precision = take(parse_precision(json_str(v, k)));
+            else if (k == "optimizer") r.optimizer = take(parse_optimizer(json_str(v, k)));
+            else if (k == "recompute") r.recompute = take(parse_recompute(json_str(v, k)));
+            else if (k == "attention") r.attention = take(parse_attention(json_str(v, k)));
+            else if (k == "lora-rank") r.lora_rank = json_int(v, k);
+            else if (k == "lora-targets") {
+                r.lora_targets.clear();
+                if (v.is_string()) {
+                    std::string s = v.get<std::string>(), cur;
+                    for (char c : s + ",") {
+                        if (c == ',') { if (!cur.empty()) r.lora_targets.push_back(cur); cur.clear(); }
+                        else if (!std::isspace(static_cast<unsigned char>(c))) cur.push_back(c);
+                    }
+                } else if (v.is_array()) {
+                    for (const auto& t : v) r.lora_targets.push_back(json_str(t, k));
+                } else fail(ErrorCode::InvalidArgument, k, "\"lora-targets\" must be a string or a list of strings");
+            } else if (k == "quant") r.quant = take(parse_quant(json_str(v, k)));
+            else if (k == "kv-dtype") {
+                const auto d = parse_dtype(json_str(v, k));
+                if (!d) fail(ErrorCode::InvalidArgument, k, "\"kv-dtype\": unknown dtype " + v.dump() + "; use fp16, bf16, fp32, fp8 or int8");
+                r.kv_dtype = *d;
+            } else if (k == "gen-len") r.gen_len = json_int(v, k);
+            else if (k == "gpu") r.gpu = json_str(v, k);
+            else if (k == "gpu-memory") r.gpu_memory = v.is_string() ? take(parse_size(v.get<std::string>(), "gpu-memory")) : Bytes(json_int(v, k));
+            else if (k == "cuda-context") r.cuda_context = v.is_string() ? take(parse_size(v.get<std::string>(), "cuda-context")) : Bytes(json_int(v, k));
+            else if (k == "format") continue;
+            else fail(ErrorCode::InvalidArgument, k0, "unknown request field \"" + k0 + "\"");
+        }
+        return r;
+    });
+}
+
+nlohmann::json request_to_json(const EstimateRequest& r) {
+    nlohmann::json j;
+    j["model"] = r.model;
+    if (r.params_count) j["params"] = *r.params_count;
+    j["mode"] = to_string(r.mode);
+    j["batch"] = r.batch;
+    if (r.seq) j["seq"] = *r.seq;
+    j["grad_accum"] = r.grad_accum;
+    if (r.precision) j["precision"] = to_string(*r.precision);
+    j["optimizer"] = to_string(r.optimizer);
+    j["recompute"] = to_string(r.recompute);
+    j["attention"] = to_string(r.attention);
+    if (r.mode == Mode::Lora || r.mode == Mode::QLora) {
+        j["lora_rank"] = r.lora_rank;
+        j["lora_targets"] = r.lora_targets;
+    }
+    if (r.quant) j["quant"] = to_string(*r.quant);
+    if (r.kv_dtype) j["kv_dtype"] = std::string(dtype_name(*r.kv_dtype));
+    if (r.mode == Mode::Infer) j["gen_len"] = r.gen_len;
+    j["gpu"] = r.gpu;
+    if (r.gpu_memory) j["gpu_memory"] = r.gpu_memory->count();
+    if (r.cuda_context) j["cuda_context"] = r.cuda_context->count();
+    return j;
+}
+
+}  // namespace gpumem

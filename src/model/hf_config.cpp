@@ -1,0 +1,699 @@
+// Hugging Face config.json -> TransformerSpec.
+//
+// Each family reads its fields the way its transformers configuration class
+// does (configuration_<family>.py): omitted fields take the class defaults,
+// attribute_map aliases (gpt2 n_embd <-> hidden_size, t5 d_model, ...) are
+// accepted, and a JSON null stands for Python None (e.g. gpt2 n_inner ->
+// 4*n_embd, deepseek_v2 q_lora_rank -> plain q_proj). Types are checked here,
+// never by nlohmann (which would throw type_error), so every bad value is a
+// one-line Error naming the origin, the field and the fix.
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "gpumem/model/transformer.hpp"
+
+namespace gpumem {
+
+const std::vector<std::string>& supported_model_types() {
+    static const std::vector<std::string> types = {
+        "bert",  "deepseek_v2", "deepseek_v3", "falcon", "gemma", "gemma2",  "gpt2",      "gpt_neox", "llama",
+        "mistral", "mixtral",   "opt",         "phi",    "phi3",  "qwen2",   "qwen2_moe", "roberta",  "t5",
+    };
+    return types;
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+// Sizes above this are rejected: no real tensor dimension is that large and
+// products of such sizes must stay inside 64 bits.
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 31;
+
+std::string short_json(const json& v) {
+    std::string s = v.dump();
+    if (s.size() > 40) s = s.substr(0, 37) + "...";
+    return s;
+}
+
+std::string fmt_double(double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+}
+
+class Reader {
+public:
+    Reader(const json& j, std::string_view origin, std::string cls, TransformerSpec& spec)
+        : j_(j), origin_(origin), cls_(std::move(cls)), spec_(spec) {}
+
+    // The value under the first present key (aliases listed after the
+    // canonical name win over it, as attribute_map setters run after __init__),
+    // or nullptr. `used` receives the key that was found.
+    const json* find(std::initializer_list<const char*> keys, std::string* used = nullptr) const {
+        const json* hit = nullptr;
+        for (const char* k : keys) {
+            auto it = j_.find(k);
+            if (it != j_.end()) {
+                hit = &*it;
+                if (used) *used = k;
+            }
+        }
+        return hit;
+    }
+    bool present_non_null(std::initializer_list<const char*> keys) const {
+        const json* v = find(keys);
+        return v != nullptr && !v->is_null();
+    }
+    bool present(std::initializer_list<const char*> keys) const { return find(keys) != nullptr; }
+
+    [[noreturn]] void bad(const std::string& field, const std::string& what) const {
+        fail(ErrorCode::InvalidArgument, field, std::string(origin_) + ": field \"" + field + "\" " + what);
+    }
+
+    // Integer with a class default (nullopt: required). `min` is the smallest
+    // accepted value (1 for sizes, 0 for counts that may be zero).
+    std::int64_t integer(std::initializer_list<const char*> keys, std::optional<std::int64_t> def,
+                         std::int64_t min = 1) {
+        std::string used = *keys.begin();
+        const json* v = find(keys, &used);
+        if (v == nullptr || v->is_null()) {
+            if (!def) {
+                fail(ErrorCode::InvalidArgument, used,
+                     std::string(origin_) + ": missing required field \"" + used + "\" (" + cls_ +
+                         " has no default); add it to the config");
+            }
+            note_default(used, std::to_string(*def));
+            return *def;
+        }
+        return to_int(*v, used, min);
+    }
+
+    // Integer field whose Python default is None: nullopt when missing or null.
+    std::optional<std::int64_t> optional_integer(std::initializer_list<const char*> keys, std::int64_t min = 1) {
+        std::string used = *keys.begin();
+        const json* v = find(keys, &used);
+        if (v == nullptr || v->is_null()) return std::nullopt;
+        return to_int(*v, used, min);
+    }
+
+    std::int64_t to_int(const json& v, const std::string& field, std::int64_t min) const {
+        const std::string want = min >= 1 ? "must be a positive integer" : "must be a non-negative integer";
+        std::int64_t n = 0;
+        if (v.is_number_unsigned()) {
+            const auto u = v.get<std::uint64_t>();
+            if (u > static_cast<std::uint64_t>(kMaxDim)) bad(field, want + " below 2^31 (got " + short_json(v) + ")");
+            n = static_cast<std::int64_t>(u);
+        } else if (v.is_number_integer()) {
+            n = v.get<std::int64_t>();
+        } else if (v.is_number_float()) {
+            const double d = v.get<double>();
+            if (!std::isfinite(d) || std::floor(d) != d || std::fabs(d) > static_cast<double>(kMaxDim))
+                bad(field, want + " (got " + short_json(v) + ")");
+            n = static_cast<std::int64_t>(d);
+        } else {
+            bad(field, want + " (got " + short_json(v) + ")");
+        }
+        if (n < min) bad(field, want + " (got " + short_json(v) + ")");
+        if (n > kMaxDim) bad(field, want + " below 2^31 (got " + short_json(v) + ")");
+        return n;
+    }
+
+    double number(std::initializer_list<const char*> keys, double def, bool probability = false) {
+        std::string used = *keys.begin();
+        const json* v = find(keys, &used);
+        if (v == nullptr || v->is_null()) {
+            note_default(used, fmt_double(def));
+            return def;
+        }
+        if (!v->is_number()) bad(used, "must be a number (got " + short_json(*v) + ")");
+        const double d = v->get<double>();
+        if (!std::isfinite(d)) bad(used, "must be a finite number (got " + short_json(*v) + ")");
+        if (probability && (d < 0.0 || d >= 1.0))
+            bad(used, "must be a probability in [0, 1) (got " + short_json(*v) + ")");
+        return d;
+    }
+
+    bool boolean(std::initializer_list<const char*> keys, bool def) {
+        std::string used = *keys.begin();
+        const json* v = find(keys, &used);
+        if (v == nullptr || v->is_null()) {
+            note_default(used, def ? "true" : "false");
+            return def;
+        }
+        if (v->is_boolean()) return v->get<bool>();
+        if (v->is_number_integer() && (v->get<std::int64_t>() == 0 || v->get<std::int64_t>() == 1))
+            return v->get<std::int64_t>() == 1;
+        bad(used, "must be true or false (got " + short_json(*v) + ")");
+    }
+
+    std::string string(std::initializer_list<const char*> keys, const std::string& def) {
+        std::string used = *keys.begin();
+        const json* v = find(keys, &used);
+        if (v == nullptr || v->is_null()) {
+            note_default(used, "\"" + def + "\"");
+            return def;
+        }
+        if (!v->is_string()) bad(used, "must be a string (got " + short_json(*v) + ")");
+        return v->get<std::string>();
+    }
+
+    std::vector<std::int64_t> int_list(const char* key) const {
+        std::vector<std::int64_t> out;
+        const json* v = find({key});
+        if (v == nullptr || v->is_null()) return out;
+        if (!v->is_array()) bad(key, "must be a list of layer indices (got " + short_json(*v) + ")");
+        for (const auto& e : *v) out.push_back(to_int(e, key, 0));
+        return out;
+    }
+
+    void note_default(const std::string& field, const std::string& value) {
+        spec_.notes.push_back(field + "=" + value + " (" + cls_ + " default)");
+    }
+    void note(std::string s) { spec_.notes.push_back(std::move(s)); }
+    [[nodiscard]] std::string_view origin() const { return origin_; }
+
+private:
+    const json& j_;
+    std::string_view origin_;
+    std::string cls_;
+    TransformerSpec& spec_;
+};
+
+// hidden / heads when head_dim is derived.
+std::int64_t derive_head_dim(const Reader& r, std::int64_t hidden, std::int64_t heads, const std::string& hidden_key,
+                             const std::string& heads_key) {
+    if (hidden % heads != 0) {
+        fail(ErrorCode::InvalidArgument, hidden_key,
+             std::string(r.origin()) + ": \"" + hidden_key + "\" (" + std::to_string(hidden) +
+                 ") is not divisible by \"" + heads_key + "\" (" + std::to_string(heads) +
+                 "); fix the sizes or set \"head_dim\"");
+    }
+    return hidden / heads;
+}
+
+void check_kv_heads(const Reader& r, std::int64_t heads, std::int64_t kv, const std::string& kv_key) {
+    if (heads % kv != 0) {
+        fail(ErrorCode::InvalidArgument, kv_key,
+             std::string(r.origin()) + ": \"" + kv_key + "\" (" + std::to_string(kv) +
+                 ") must divide the number of attention heads (" + std::to_string(heads) + ")");
+    }
+}
+
+// Which class of the family is counted. `causal`, `base`, `masked`, `seq2seq`:
+// the family's class names for each head; empty when the family has none.
+struct HeadClasses {
+    std::string causal, base, masked, seq2seq;
+    TransformerSpec::Head fallback = TransformerSpec::Head::CausalLM;
+};
+
+void pick_head(const json& j, TransformerSpec& spec, const HeadClasses& hc) {
+    using H = TransformerSpec::Head;
+    auto default_class = [&]() -> std::string {
+        switch (hc.fallback) {
+            case H::CausalLM: return hc.causal;
+            case H::BaseModel: return hc.base;
+            case H::Seq2SeqLM: return hc.seq2seq;
+            case H::MaskedLM: return hc.masked;
+        }
+        return hc.causal;
+    };
+    std::string arch;
+    auto it = j.find("architectures");
+    if (it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) arch = (*it)[0].get<std::string>();
+    if (arch.empty()) {
+        spec.arch_class = default_class();
+        spec.head = hc.fallback;
+        spec.notes.push_back("no architectures in config: counted as " + spec.arch_class);
+        return;
+    }
+    spec.arch_class = arch;
+    if (!hc.causal.empty() && arch == hc.causal) {
+        spec.head = H::CausalLM;
+    } else if (!hc.base.empty() && arch == hc.base) {
+        spec.head = H::BaseModel;
+    } else if (!hc.masked.empty() && arch == hc.masked) {
+        spec.head = H::MaskedLM;
+    } else if (!hc.seq2seq.empty() && arch == hc.seq2seq) {
+        spec.head = H::Seq2SeqLM;
+    } else {
+        spec.head = hc.fallback;
+        spec.notes.push_back("architectures[0] " + arch + " is approximated as " + default_class() +
+                             " (task heads other than the LM head are not counted)");
+    }
+}
+
+// Families whose modules follow LlamaForCausalLM (RMSNorm, rotary, gated MLP).
+void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
+    struct D {
+        std::int64_t vocab, hidden, inter, layers, heads;
+        std::optional<std::int64_t> kv;
+        std::int64_t maxpos;
+        double eps;
+        bool tie;
+        std::string act;
+    };
+    D d{};
+    if (type == "llama") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
+    else if (type == "mistral") d = {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-6, false, "silu"};
+    else if (type == "mixtral") d = {32000, 4096, 14336, 32, 32, 8, 4096 * 32, 1e-5, false, "silu"};
+    else if (type == "qwen2") d = {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, false, "silu"};
+    else if (type == "qwen2_moe") d = {151936, 2048, 5632, 24, 16, 16, 32768, 1e-6, false, "silu"};
+    else if (type == "gemma") d = {256000, 3072, 24576, 28, 16, 16, 8192, 1e-6, true, "gelu_pytorch_tanh"};
+    else if (type == "gemma2") d = {256000, 2304, 9216, 26, 8, 4, 8192, 1e-6, true, "gelu_pytorch_tanh"};
+    else if (type == "phi3") d = {32064, 3072, 8192, 32, 32, std::nullopt, 4096, 1e-5, false, "silu"};
+    else if (type == "deepseek_v2") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
+    else /* deepseek_v3 */ d = {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, false, "silu"};
+
+    s.vocab = r.integer({"vocab_size"}, d.vocab);
+    s.hidden = r.integer({"hidden_size"}, d.hidden);
+    s.intermediate = r.integer({"intermediate_size"}, d.inter);
+    s.layers = r.integer({"num_hidden_layers"}, d.layers);
+    s.heads = r.integer({"num_attention_heads"}, d.heads);
+    auto kv = r.optional_integer({"num_key_value_heads"});
+    if (!kv) {
+        kv = d.kv ? *d.kv : s.heads;
+        if (r.present({"num_key_value_heads"}) || !d.kv) r.note("num_key_value_heads=num_attention_heads");
+        else r.note_default("num_key_value_heads", std::to_string(*kv));
+    }
+    s.kv_heads = *kv;
+    s.max_positions = r.integer({"max_position_embeddings"}, d.maxpos);
+    s.norm = TransformerSpec::Norm::RMSNorm;
+    s.norm_bias = false;
+    s.norm_eps = r.number({"rms_norm_eps"}, d.eps);
+    s.tie_embeddings = r.boolean({"tie_word_embeddings"}, d.tie);
+    s.pos = TransformerSpec::Pos::Rotary;
+    s.mlp = TransformerSpec::Mlp::Gated;
+    s.act = r.string({"hidden_act"}, d.act);
+    s.attn_dropout = r.number({"attention_dropout"}, 0.0, true);
+
+    const bool deepseek = type == "deepseek_v2" || type == "deepseek_v3";
+    if (!deepseek) {
+        std::string hd_key = "head_dim";
+        auto hd = r.optional_integer({"head_dim"});
+        if (type == "gemma" && !hd) {
+            hd = 256;
+            r.note_default("head_dim", "256");
+        } else if (type == "gemma2" && !hd) {
+            hd = 256;
+            r.note_default("head_dim", "256");
+        }
+        s.head_dim = hd ? *hd : derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
+        check_kv_heads(r, s.heads, s.kv_heads, "num_key_value_heads");
+    }
+
+    // Biases: each family hard-codes or configures them differently.
+    if (type == "llama" || type == "gemma" || type == "gemma2") {
+        const bool ab = r.boolean({"attention_bias"}, false);
+        s.qkv_bias = ab;
+        s.o_bias = ab;
+    }
+    if (type == "llama") s.mlp_bias = r.boolean({"mlp_bias"}, false);
+    if (type == "qwen2") {
+        s.qkv_bias = true;  // Qwen2Attention: q/k/v bias=True, o_proj bias=False (hard-coded)
+        s.o_bias = false;
+        if (r.present({"attention_bias"})) r.note("qwen2: attention_bias is ignored (q/k/v always have a bias)");
+    }
+    if (type == "qwen2_moe") {
+        s.qkv_bias = r.boolean({"qkv_bias"}, true);
+        s.o_bias = false;
+    }
+    if (type == "gemma" || type == "gemma2") {
+        s.gemma_norm = true;
+        s.embed_scale = true;
+        // GemmaMLP uses hidden_activation when set (older configs say hidden_act "gelu").
+        if (r.present_non_null({"hidden_activation"})) s.act = r.string({"hidden_activation"}, s.act);
+    }
+    if (type == "gemma2") {
+        s.sandwich_norm = true;
+        s.attn_logit_softcap = r.number({"attn_logit_softcapping"}, 50.0);
+        s.final_logit_softcap = r.number({"final_logit_softcapping"}, 30.0);
+    }
+    if (type == "phi3") {
+        s.fused_qkv = true;
+        s.fused_gate_up = true;
+        s.resid_dropout = r.number({"resid_pdrop"}, 0.0, true);
+        s.embd_dropout = r.number({"embd_pdrop"}, 0.0, true);
+        s.rotary_pct = r.number({"partial_rotary_factor"}, 1.0);
+    }
+    if (type == "mixtral") {
+        s.experts = r.integer({"num_local_experts"}, 8);
+        s.experts_per_token = r.integer({"num_experts_per_tok"}, 2);
+        s.moe_intermediate = s.intermediate;
+    }
+    if (type == "qwen2_moe") {
+        s.experts = r.integer({"num_experts"}, 60, 0);
+        s.experts_per_token = r.integer({"num_experts_per_tok"}, 4);
+        s.moe_intermediate = r.integer({"moe_intermediate_size"}, 1408);
+        s.shared_expert_intermediate = r.integer({"shared_expert_intermediate_size"}, 5632, 0);
+        s.shared_experts = s.shared_expert_intermediate > 0 ? 1 : 0;
+        s.shared_expert_gate = s.shared_experts > 0;
+        const std::int64_t step = r.integer({"decoder_sparse_step"}, 1);
+        const auto mlp_only = r.int_list("mlp_only_layers");
+        s.sparse_layers.assign(static_cast<std::size_t>(s.layers), false);
+        for (std::int64_t i = 0; i < s.layers; ++i) {
+            const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+            s.sparse_layers[static_cast<std::size_t>(i)] = !only && s.experts > 0 && (i + 1) % step == 0;
+        }
+    }
+    if (deepseek) {
+        const bool v3 = type == "deepseek_v3";
+        s.mla = true;
+        const std::int64_t q_def = 1536;
+        // q_lora_rank: null means None (plain q_proj, e.g. DeepSeek-V2-Lite); missing takes the default.
+        if (r.present({"q_lora_rank"})) {
+            auto q = r.optional_integer({"q_lora_rank"}, 0);
+            s.q_lora_rank = q ? *q : 0;
+        } else {
+            s.q_lora_rank = q_def;
+            r.note_default("q_lora_rank", std::to_string(q_def));
+        }
+        s.kv_lora_rank = r.integer({"kv_lora_rank"}, 512);
+        s.qk_nope_head_dim = r.integer({"qk_nope_head_dim"}, 128);
+        s.qk_rope_head_dim = r.integer({"qk_rope_head_dim"}, 64);
+        s.v_head_dim = r.integer({"v_head_dim"}, 128);
+        s.head_dim = s.qk_nope_head_dim + s.qk_rope_head_dim;
+        s.kv_heads = s.heads;  // MLA: every head has its own (decompressed) k and v
+        const bool ab = r.boolean({"attention_bias"}, false);
+        s.qkv_bias = ab;
+        s.o_bias = ab;
+        s.experts = v3 ? r.integer({"n_routed_experts", "num_local_experts"}, 256, 0)
+                       : r.integer({"n_routed_experts", "num_experts"}, 64, 0);
+        s.shared_experts = r.integer({"n_shared_experts"}, v3 ? 1 : 2, 0);
+        s.moe_intermediate = r.integer({"moe_intermediate_size"}, v3 ? 2048 : 1407);
+        s.shared_expert_intermediate = s.moe_intermediate * s.shared_experts;
+        if (v3) {
+            s.experts_per_token = r.integer({"num_experts_per_tok"}, 8);
+        } else {
+            auto k = r.optional_integer({"num_experts_per_tok"});
+            if (!k && s.experts > 0) {
+                r.bad("num_experts_per_tok", "is required when n_routed_experts > 0 (DeepseekV2Config default is None)");
+            }
+            s.experts_per_token = k ? *k : 0;
+        }
+        s.first_k_dense = r.integer({"first_k_dense_replace"}, v3 ? 3 : 0, 0);
+        s.moe_layer_freq = r.integer({"moe_layer_freq"}, 1);
+        s.router_bias = v3;  // DeepseekV3 gate.e_score_correction_bias is an nn.Parameter
+        s.router_sigmoid = v3 || r.string({"scoring_func"}, "softmax") == "sigmoid";
+        if (v3) {
+            const std::int64_t groups = r.integer({"n_group"}, 8);
+            const std::int64_t topk_group = r.integer({"topk_group"}, 4);
+            if (s.experts > 0 && s.experts % groups != 0)
+                r.bad("n_group", "must divide n_routed_experts (" + std::to_string(s.experts) + ")");
+            if (topk_group > groups) r.bad("topk_group", "must not exceed n_group (" + std::to_string(groups) + ")");
+        } else {
+            (void)r.string({"topk_method"}, "greedy");
+        }
+        if (r.present_non_null({"num_nextn_predict_layers"}))
+            r.note("num_nextn_predict_layers ignored: the multi-token-prediction module is not part of " +
+                   std::string(v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"));
+        if (s.experts > 0 && s.experts_per_token > s.experts)
+            r.bad("num_experts_per_tok", "must not exceed the number of routed experts (" +
+                                             std::to_string(s.experts) + ")");
+        s.sparse_layers.assign(static_cast<std::size_t>(s.layers), false);
+        for (std::int64_t i = 0; i < s.layers; ++i)
+            s.sparse_layers[static_cast<std::size_t>(i)] =
+                s.experts > 0 && i >= s.first_k_dense && i % s.moe_layer_freq == 0;
+    }
+    if (s.experts > 0 && s.experts_per_token > s.experts)
+        r.bad("num_experts_per_tok",
+              "must not exceed the number of experts (" + std::to_string(s.experts) + ")");
+}
+
+TransformerSpec parse(const json& j, std::string_view origin) {
+    if (!j.is_object()) {
+        fail(ErrorCode::ParseError, "", std::string(origin) + ": a config.json must be a JSON object (got " +
+                                            std::string(j.type_name()) + ")");
+    }
+    auto list_supported = [] {
+        std::string out;
+        for (const auto& t : supported_model_types()) out += (out.empty() ? "" : ", ") + t;
+        return out;
+    };
+    auto mt = j.find("model_type");
+    if (mt == j.end() || mt->is_null()) {
+        fail(ErrorCode::Unsupported, "model_type",
+             std::string(origin) + ": missing \"model_type\"; set it to one of: " + list_supported());
+    }
+    if (!mt->is_string()) {
+        fail(ErrorCode::Unsupported, "model_type",
+             std::string(origin) + ": \"model_type\" must be a string (got " + short_json(*mt) +
+                 "); supported: " + list_supported());
+    }
+    const std::string type = mt->get<std::string>();
+    const auto& sup = supported_model_types();
+    if (std::find(sup.begin(), sup.end(), type) == sup.end()) {
+        fail(ErrorCode::Unsupported, "model_type",
+             std::string(origin) + ": unsupported model_type \"" + type + "\"; supported: " + list_supported());
+    }
+
+    TransformerSpec s;
+    s.model_type = type;
+    using H = TransformerSpec::Head;
+    using N = TransformerSpec::Norm;
+    using P = TransformerSpec::Pos;
+    using M = TransformerSpec::Mlp;
+
+    if (type == "gpt2") {
+        Reader r(j, origin, "GPT2Config", s);
+        s.vocab = r.integer({"vocab_size"}, 50257);
+        s.max_positions = r.integer({"n_positions", "max_position_embeddings"}, 1024);
+        s.hidden = r.integer({"n_embd", "hidden_size"}, 768);
+        s.layers = r.integer({"n_layer", "num_hidden_layers"}, 12);
+        s.heads = r.integer({"n_head", "num_attention_heads"}, 12);
+        auto inner = r.optional_integer({"n_inner"});
+        if (!inner) r.note("n_inner=None: MLP width 4*n_embd");
+        s.intermediate = inner ? *inner : 4 * s.hidden;
+        s.kv_heads = s.heads;
+        s.head_dim = derive_head_dim(r, s.hidden, s.heads, "n_embd", "n_head");
+        s.act = r.string({"activation_function"}, "gelu_new");
+        s.resid_dropout = r.number({"resid_pdrop"}, 0.1, true);
+        s.embd_dropout = r.number({"embd_pdrop"}, 0.1, true);
+        s.attn_dropout = r.number({"attn_pdrop"}, 0.1, true);
+        s.norm = N::LayerNorm;
+        s.norm_eps = r.number({"layer_norm_epsilon"}, 1e-5);
+        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, true);
+        s.pos = P::Learned;
+        s.fused_qkv = true;
+        s.qkv_bias = s.o_bias = s.mlp_bias = true;
+        s.mlp = M::Plain;
+        pick_head(j, s, {"GPT2LMHeadModel", "GPT2Model", "", "", H::CausalLM});
+    } else if (type == "bert" || type == "roberta") {
+        const bool rob = type == "roberta";
+        Reader r(j, origin, rob ? "RobertaConfig" : "BertConfig", s);
+        s.vocab = r.integer({"vocab_size"}, rob ? 50265 : 30522);
+        s.hidden = r.integer({"hidden_size"}, 768);
+        s.layers = r.integer({"num_hidden_layers"}, 12);
+        s.heads = r.integer({"num_attention_heads"}, 12);
+        s.kv_heads = s.heads;
+        s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
+        s.intermediate = r.integer({"intermediate_size"}, 3072);
+        s.act = r.string({"hidden_act"}, "gelu");
+        s.resid_dropout = r.number({"hidden_dropout_prob"}, 0.1, true);
+        s.embd_dropout = s.resid_dropout;
+        s.attn_dropout = r.number({"attention_probs_dropout_prob"}, 0.1, true);
+        s.max_positions = r.integer({"max_position_embeddings"}, 512);
+        s.token_types = r.integer({"type_vocab_size"}, 2, 0);
+        s.norm = N::LayerNorm;
+        s.norm_eps = r.number({"layer_norm_eps"}, 1e-12);
+        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, true);
+        s.pos = P::Learned;
+        s.embed_norm = true;
+        s.post_norm = true;
+        s.final_norm = false;
+        s.qkv_bias = s.o_bias = s.mlp_bias = true;
+        s.mlp = M::Plain;
+        if (rob) pick_head(j, s, {"", "RobertaModel", "RobertaForMaskedLM", "", H::BaseModel});
+        else pick_head(j, s, {"", "BertModel", "BertForMaskedLM", "", H::BaseModel});
+        if (rob && s.arch_class == "RobertaForCausalLM") {
+            s.head = H::MaskedLM;  // same lm_head module (dense + layer_norm + tied decoder + bias)
+        }
+        s.pooler = s.head == H::BaseModel;
+        if (s.head == H::MaskedLM && !s.tie_embeddings)
+            r.note("tie_word_embeddings=false: the MLM decoder weight is counted separately");
+    } else if (type == "t5") {
+        Reader r(j, origin, "T5Config", s);
+        s.vocab = r.integer({"vocab_size"}, 32128);
+        s.hidden = r.integer({"d_model", "hidden_size"}, 512);
+        s.head_dim = r.integer({"d_kv", "head_dim"}, 64);
+        s.intermediate = r.integer({"d_ff"}, 2048);
+        s.layers = r.integer({"num_layers", "num_hidden_layers"}, 6);
+        auto dec = r.optional_integer({"num_decoder_layers"});
+        if (!dec) r.note("num_decoder_layers=None: decoder has num_layers layers");
+        s.decoder_layers = dec ? *dec : s.layers;
+        s.heads = r.integer({"num_heads", "num_attention_heads"}, 8);
+        s.kv_heads = s.heads;
+        s.relative_buckets = r.integer({"relative_attention_num_buckets"}, 32);
+        (void)r.integer({"relative_attention_max_distance"}, 128);
+        const double p = r.number({"dropout_rate"}, 0.1, true);
+        s.attn_dropout = s.resid_dropout = s.embd_dropout = s.act_dropout = p;
+        s.norm = N::RMSNorm;
+        s.norm_bias = false;
+        s.norm_eps = r.number({"layer_norm_epsilon"}, 1e-6);
+        const std::string ff = r.string({"feed_forward_proj"}, "relu");
+        const auto dash = ff.find('-');
+        const std::string first = dash == std::string::npos ? ff : ff.substr(0, dash);
+        const std::string act = dash == std::string::npos ? ff : ff.substr(dash + 1);
+        const bool gated = dash != std::string::npos && first == "gated";
+        if ((dash != std::string::npos && !gated) || ff.find('-', dash == std::string::npos ? 0 : dash + 1) !=
+                                                         std::string::npos) {
+            r.bad("feed_forward_proj", "must be `ACT_FN` or `gated-ACT_FN` such as \"relu\" or \"gated-gelu\" (got \"" +
+                                            ff + "\")");
+        }
+        s.mlp = gated ? M::Gated : M::Plain;
+        s.act = act == "gelu" && gated ? "gelu_new" : act;  // T5Config: "gated-gelu" means gelu_new
+        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, true);
+        s.pos = P::RelativeBias;
+        s.max_positions = 0;
+        pick_head(j, s, {"", "T5Model", "", "T5ForConditionalGeneration", H::Seq2SeqLM});
+    } else if (type == "opt") {
+        Reader r(j, origin, "OPTConfig", s);
+        s.vocab = r.integer({"vocab_size"}, 50272);
+        s.hidden = r.integer({"hidden_size"}, 768);
+        s.layers = r.integer({"num_hidden_layers"}, 12);
+        s.intermediate = r.integer({"ffn_dim"}, 3072);
+        s.max_positions = r.integer({"max_position_embeddings"}, 2048);
+        s.heads = r.integer({"num_attention_heads"}, 12);
+        s.kv_heads = s.heads;
+        s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
+        s.opt_layer_norm_before = r.boolean({"do_layer_norm_before"}, true);
+        const bool remove_final = r.boolean({"_remove_final_layer_norm"}, false);
+        s.final_norm = s.opt_layer_norm_before && !remove_final;
+        s.post_norm = !s.opt_layer_norm_before;
+        auto proj = r.optional_integer({"word_embed_proj_dim"});
+        s.word_embed_proj_dim = proj ? *proj : s.hidden;
+        s.resid_dropout = r.number({"dropout"}, 0.1, true);
+        s.attn_dropout = r.number({"attention_dropout"}, 0.0, true);
+        s.act_dropout = r.number({"activation_dropout"}, 0.0, true);
+        s.act = r.string({"activation_function"}, "relu");
+        const bool bias = r.boolean({"enable_bias"}, true);
+        s.qkv_bias = s.o_bias = s.mlp_bias = bias;
+        const bool affine = r.boolean({"layer_norm_elementwise_affine"}, true);
+        if (!affine) r.note("layer_norm_elementwise_affine=false is approximated: LayerNorm weights still counted");
+        s.norm = N::LayerNorm;
+        s.norm_bias = bias;  // OPT LayerNorms use bias=enable_bias
+        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, true);
+        s.pos = P::Learned;
+        s.pos_offset = 2;
+        s.mlp = M::Plain;
+        pick_head(j, s, {"OPTForCausalLM", "OPTModel", "", "", H::CausalLM});
+    } else if (type == "gpt_neox") {
+        Reader r(j, origin, "GPTNeoXConfig", s);
+        s.vocab = r.integer({"vocab_size"}, 50432);
+        s.hidden = r.integer({"hidden_size"}, 6144);
+        s.layers = r.integer({"num_hidden_layers"}, 44);
+        s.heads = r.integer({"num_attention_heads"}, 64);
+        s.kv_heads = s.heads;
+        s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
+        s.intermediate = r.integer({"intermediate_size"}, 24576);
+        s.act = r.string({"hidden_act"}, "gelu");
+        s.rotary_pct = r.number({"rotary_pct", "partial_rotary_factor"}, 0.25);
+        s.attn_dropout = r.number({"attention_dropout"}, 0.0, true);
+        s.resid_dropout = r.number({"hidden_dropout"}, 0.0, true);
+        s.max_positions = r.integer({"max_position_embeddings"}, 2048);
+        s.norm = N::LayerNorm;
+        s.norm_eps = r.number({"layer_norm_eps"}, 1e-5);
+        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, false);
+        s.parallel_attn = r.boolean({"use_parallel_residual"}, true);
+        s.fused_qkv = true;
+        const bool ab = r.boolean({"attention_bias"}, true);
+        s.qkv_bias = s.o_bias = ab;
+        s.mlp_bias = true;
+        s.mlp = M::Plain;
+        pick_head(j, s, {"GPTNeoXForCausalLM", "GPTNeoXModel", "", "", H::CausalLM});
+    } else if (type == "phi") {
+        Reader r(j, origin, "PhiConfig", s);
+        s.vocab = r.integer({"vocab_size"}, 51200);
+        s.hidden = r.integer({"hidden_size"}, 2048);
+        s.intermediate = r.integer({"intermediate_size"}, 8192);
+        s.layers = r.integer({"num_hidden_layers"}, 24);
+        s.heads = r.integer({"num_attention_heads"}, 32);
+        auto kv = r.optional_integer({"num_key_value_heads"});
+        s.kv_heads = kv ? *kv : s.heads;
+        s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
+        check_kv_heads(r, s.heads, s.kv_heads, "num_key_value_heads");
+        s.resid_dropout = r.number({"resid_pdrop"}, 0.0, true);
+        s.embd_dropout = r.number({"embd_pdrop"}, 0.0, true);
+        s.attn_dropout = r.number({"attention_dropout"}, 0.0, true);
+        s.act = r.string({"hidden_act"}, "gelu_new");
+        s.max_positions = r.integer({"max_position_embeddings"}, 2048);
+        s.norm = N::LayerNorm;
+        s.norm_eps = r.number({"layer_norm_eps"}, 1e-5);
+        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, false);
+        s.rotary_pct = r.number({"partial_rotary_factor"}, 0.5);
+        s.qk_norm = r.boolean({"qk_layernorm"}, false);
+        s.parallel_attn = true;
+        s.parallel_single_norm = true;
+        s.qkv_bias = s.o_bias = s.mlp_bias = true;
+        s.lm_head_bias = true;
+        s.mlp = M::Plain;
+        pick_head(j, s, {"PhiForCausalLM", "PhiModel", "", "", H::CausalLM});
+    } else if (type == "falcon") {
+        Reader r(j, origin, "FalconConfig", s);
+        s.vocab = r.integer({"vocab_size"}, 65024);
+        s.hidden = r.integer({"hidden_size", "n_embed"}, 4544);
+        s.layers = r.integer({"num_hidden_layers", "n_layer"}, 32);
+        s.heads = r.integer({"num_attention_heads", "n_head"}, 71);
+        s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
+        s.norm = N::LayerNorm;
+        s.norm_eps = r.number({"layer_norm_epsilon"}, 1e-5);
+        s.resid_dropout = r.number({"hidden_dropout"}, 0.0, true);
+        s.attn_dropout = r.number({"attention_dropout"}, 0.0, true);
+        auto kv = r.optional_integer({"num_kv_heads", "n_head_kv"});
+        const bool alibi = r.boolean({"alibi"}, false);
+        const bool new_arch = r.boolean({"new_decoder_architecture"}, false);
+        const bool mq = r.boolean({"multi_query"}, true);
+        s.parallel_attn = r.boolean({"parallel_attn"}, true);
+        const bool bias = r.boolean({"bias"}, false);
+        s.max_positions = r.integer({"max_position_embeddings"}, 2048);
+        auto ffn = r.optional_integer({"ffn_hidden_size"});
+        s.intermediate = ffn ? *ffn : 4 * s.hidden;
+        s.act = r.string({"activation"}, "gelu");
+        auto nln = r.optional_integer({"num_ln_in_parallel_attn"});
+        if (!nln && new_arch) nln = 2;
+        if (new_arch) {
+            s.kv_heads = kv ? *kv : s.heads;
+        } else if (mq) {
+            s.kv_heads = 1;
+        } else {
+            s.kv_heads = s.heads;
+        }
+        check_kv_heads(r, s.heads, s.kv_heads, "num_kv_heads");
+        s.parallel_single_norm = s.parallel_attn && !(nln && *nln == 2);
+        s.pos = alibi ? P::None : P::Rotary;
+        if (alibi) r.note("falcon alibi: position bias has no parameters");
+        s.fused_qkv = true;
+        s.qkv_bias = s.o_bias = s.mlp_bias = bias;
+        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, true);
+        s.mlp = M::Plain;
+        pick_head(j, s, {"FalconForCausalLM", "FalconModel", "", "", H::CausalLM});
+    } else {
+        static const std::pair<const char*, const char*> classes[] = {
+            {"llama", "Llama"},     {"mistral", "Mistral"},    {"mixtral", "Mixtral"},
+            {"qwen2", "Qwen2"},     {"qwen2_moe", "Qwen2Moe"}, {"gemma", "Gemma"},
+            {"gemma2", "Gemma2"},   {"phi3", "Phi3"},          {"deepseek_v2", "DeepseekV2"},
+            {"deepseek_v3", "DeepseekV3"},
+        };
+        std::string prefix;
+        for (const auto& [t, p] : classes)
+            if (type == t) prefix = p;
+        Reader r(j, origin, prefix + "Config", s);
+        read_llama_like(r, s, type);
+        pick_head(j, s, {prefix + "ForCausalLM", prefix + "Model", "", "", H::CausalLM});
+    }
+    return s;
+}
+
+}  // namespace
+
+Result<TransformerSpec> parse_hf_config(const nlohmann::json& config, std::string_view origin) {
+    return capture([&]() -> TransformerSpec { return parse(config, origin); });
+}
+
+}  // namespace gpumem

@@ -1,0 +1,250 @@
+#include "gpumem/report/render.hpp"
+
+#include <algorithm>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace gpumem {
+
+Result<Format> parse_format(std::string_view s) {
+    if (s == "text" || s == "table") return Format::Text;
+    if (s == "json") return Format::Json;
+    if (s == "csv") return Format::Csv;
+    if (s == "markdown" || s == "md") return Format::Markdown;
+    return Error{ErrorCode::InvalidArgument, "--format: unknown value \"" + std::string(s) + "\"; use one of text|json|csv|markdown", "format"};
+}
+
+namespace {
+std::string csv_cell(const std::string& s) {
+    if (s.find_first_of(",\"\n") == std::string::npos) return s;
+    std::string o = "\"";
+    for (char c : s) {
+        if (c == '"') o += "\"\"";
+        else o += c;
+    }
+    return o + "\"";
+}
+std::string md_cell(const std::string& s) {
+    std::string o;
+    for (char c : s) {
+        if (c == '|') o += "\\|";
+        else o += c;
+    }
+    return o;
+}
+std::string with_commas(std::int64_t v) {
+    std::string s = std::to_string(v < 0 ? -v : v), o;
+    int n = 0;
+    for (auto it = s.rbegin(); it != s.rend(); ++it) {
+        if (n && n % 3 == 0) o.push_back(',');
+        o.push_back(*it);
+        ++n;
+    }
+    if (v < 0) o.push_back('-');
+    std::reverse(o.begin(), o.end());
+    return o;
+}
+std::string human_count(std::int64_t v) {
+    const double d = static_cast<double>(v);
+    if (d >= 1e12) return fmt::format("{:.2f}T", d / 1e12);
+    if (d >= 1e9) return fmt::format("{:.2f}B", d / 1e9);
+    if (d >= 1e6) return fmt::format("{:.2f}M", d / 1e6);
+    if (d >= 1e3) return fmt::format("{:.2f}K", d / 1e3);
+    return std::to_string(v);
+}
+}  // namespace
+
+std::string render_table(const Table& t, Format f) {
+    std::string out;
+    if (f == Format::Csv) {
+        for (std::size_t i = 0; i < t.header.size(); ++i) out += (i ? "," : "") + csv_cell(t.header[i]);
+        out += "\n";
+        for (const auto& r : t.rows) {
+            for (std::size_t i = 0; i < r.size(); ++i) out += (i ? "," : "") + csv_cell(r[i]);
+            out += "\n";
+        }
+        return out;
+    }
+    if (f == Format::Markdown) {
+        out += "|";
+        for (const auto& h : t.header) out += " " + md_cell(h) + " |";
+        out += "\n|";
+        for (std::size_t i = 0; i < t.header.size(); ++i)
+            out += (i < t.right_align.size() && t.right_align[i]) ? "---:|" : "---|";
+        out += "\n";
+        for (const auto& r : t.rows) {
+            out += "|";
+            for (const auto& c : r) out += " " + md_cell(c) + " |";
+            out += "\n";
+        }
+        return out;
+    }
+    std::vector<std::size_t> w(t.header.size(), 0);
+    for (std::size_t i = 0; i < t.header.size(); ++i) w[i] = t.header[i].size();
+    for (const auto& r : t.rows)
+        for (std::size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
+    auto line = [&](const std::vector<std::string>& r) {
+        std::string s;
+        for (std::size_t i = 0; i < r.size() && i < w.size(); ++i) {
+            const bool right = i < t.right_align.size() && t.right_align[i];
+            const std::size_t pad = w[i] - r[i].size();
+            if (i) s += "  ";
+            if (right) s += std::string(pad, ' ') + r[i];
+            else s += r[i] + (i + 1 < r.size() ? std::string(pad, ' ') : "");
+        }
+        return s + "\n";
+    };
+    out += line(t.header);
+    std::size_t total = 0;
+    for (auto x : w) total += x + 2;
+    out += std::string(total > 2 ? total - 2 : 0, '-') + "\n";
+    for (const auto& r : t.rows) out += line(r);
+    return out;
+}
+
+nlohmann::json error_to_json(const Error& e) {
+    return {{"error", {{"code", to_string(e.code)}, {"message", e.message}, {"field", e.field}}}};
+}
+
+nlohmann::json params_to_json(const ModelGraph& g, const ParamSummary& s) {
+    nlohmann::json j;
+    j["model"] = {{"name", g.name}, {"family", g.family}, {"source", g.source}};
+    j["params"]["total"] = s.total;
+    j["params"]["trainable"] = s.trainable;
+    j["params"]["by_component"] = nlohmann::json::object();
+    for (const auto& [k, v] : s.by_component) j["params"]["by_component"][k] = v;
+    j["params"]["by_dtype"] = nlohmann::json::object();
+    for (const auto& [k, v] : s.by_dtype) j["params"]["by_dtype"][k] = v;
+    j["notes"] = g.notes;
+    return j;
+}
+
+nlohmann::json estimate_to_json(const EstimateResult& r) {
+    nlohmann::json j;
+    j["model"] = {{"name", r.model_name}, {"family", r.family}, {"source", r.model_source}};
+    j["params"]["total"] = r.params.total;
+    j["params"]["trainable"] = r.trainable_params;
+    j["params"]["by_component"] = nlohmann::json::object();
+    for (const auto& [k, v] : r.params.by_component) j["params"]["by_component"][k] = v;
+    j["request"] = request_to_json(r.request);
+    const PerGpu& p = r.per_gpu;
+    j["per_gpu"] = {
+        {"weights", p.weights.count()},
+        {"gradients", p.gradients.count()},
+        {"optimizer_states", p.optimizer_states.count()},
+        {"master_weights", p.master_weights.count()},
+        {"activations", p.activations.count()},
+        {"kv_cache", p.kv_cache.count()},
+        {"transient", p.transient.count()},
+        {"cublas_workspace", p.cublas_workspace.count()},
+        {"peak_allocated", p.peak_allocated.count()},
+        {"allocator_overhead", p.allocator_overhead.count()},
+        {"peak_reserved", p.peak_reserved.count()},
+        {"cuda_context", p.cuda_context.count()},
+        {"total_device", p.total_device.count()},
+        {"capacity", p.capacity.count()},
+        {"fits", p.fits},
+        {"peak_phase", p.peak_phase},
+    };
+    j["breakdown"] = nlohmann::json::array();
+    for (const auto& row : r.breakdown)
+        j["breakdown"].push_back({{"key", row.key}, {"label", row.label}, {"bytes", row.bytes.count()}, {"detail", row.detail}});
+    j["activations_by_block"] = nlohmann::json::array();
+    for (const auto& b : r.activation_detail.blocks)
+        j["activations_by_block"].push_back({{"block", b.block}, {"repeat", b.repeat}, {"per_instance", b.per_instance.count()}});
+    j["gpu"] = {{"name", r.gpu.name}, {"memory", r.gpu.memory.count()}};
+    j["seq"] = r.seq;
+    j["assumptions"] = r.assumptions;
+    j["warnings"] = r.warnings;
+    return j;
+}
+
+std::string render_estimate(const EstimateResult& r, Format f) {
+    if (f == Format::Json) return estimate_to_json(r).dump(2) + "\n";
+    Table t;
+    t.header = {"part", "bytes", "size", "detail"};
+    t.right_align = {false, true, true, false};
+    for (const auto& row : r.breakdown)
+        t.rows.push_back({row.key, std::to_string(row.bytes.count()), format_bytes(row.bytes), row.detail});
+    const PerGpu& p = r.per_gpu;
+    t.rows.push_back({"peak_allocated", std::to_string(p.peak_allocated.count()), format_bytes(p.peak_allocated), "torch.cuda.max_memory_allocated()"});
+    t.rows.push_back({"peak_reserved", std::to_string(p.peak_reserved.count()), format_bytes(p.peak_reserved), "torch.cuda.max_memory_reserved()"});
+    t.rows.push_back({"total_device", std::to_string(p.total_device.count()), format_bytes(p.total_device), "nvidia-smi"});
+    if (f == Format::Csv) return render_table(t, f);
+    std::string out;
+    const std::string head = fmt::format("{} ({}, {} params, {} trainable) - {} on {}", r.model_name, r.family,
+                                         human_count(r.params.total), human_count(r.trainable_params),
+                                         to_string(r.request.mode), r.gpu.name);
+    const std::string verdict = fmt::format("{}: {} of {} ({:.1f}%), peak in {}", p.fits ? "FITS" : "DOES NOT FIT",
+                                            format_bytes(p.total_device), format_bytes(p.capacity),
+                                            100.0 * static_cast<double>(p.total_device.count()) / static_cast<double>(std::max<std::int64_t>(1, p.capacity.count())),
+                                            p.peak_phase);
+    if (f == Format::Markdown) {
+        out += "### " + head + "\n\n**" + verdict + "**\n\n" + render_table(t, f) + "\n";
+        out += "Assumptions:\n\n";
+        for (const auto& a : r.assumptions) out += "- " + a + "\n";
+        for (const auto& w : r.warnings) out += "- **warning:** " + w + "\n";
+        return out;
+    }
+    out += head + "\n" + verdict + "\n\n" + render_table(t, f) + "\nassumptions:\n";
+    for (const auto& a : r.assumptions) out += "  - " + a + "\n";
+    for (const auto& w : r.warnings) out += "warning: " + w + "\n";
+    return out;
+}
+
+std::string render_params(const ModelGraph& g, const ParamSummary& s, Format f) {
+    if (f == Format::Json) return params_to_json(g, s).dump(2) + "\n";
+    Table t;
+    t.header = {"group", "name", "params", "share"};
+    t.right_align = {false, false, true, true};
+    const double tot = static_cast<double>(std::max<std::int64_t>(1, s.total));
+    for (const auto& [k, v] : s.by_component)
+        t.rows.push_back({"component", k, with_commas(v), fmt::format("{:.2f}%", 100.0 * static_cast<double>(v) / tot)});
+    for (const auto& [k, v] : s.by_dtype)
+        t.rows.push_back({"dtype", k, with_commas(v), fmt::format("{:.2f}%", 100.0 * static_cast<double>(v) / tot)});
+    t.rows.push_back({"total", "total", with_commas(s.total), "100.00%"});
+    t.rows.push_back({"total", "trainable", with_commas(s.trainable), fmt::format("{:.2f}%", 100.0 * static_cast<double>(s.trainable) / tot)});
+    if (f == Format::Csv) return render_table(t, f);
+    std::string head = fmt::format("{} ({}, from {}): {} parameters ({})", g.name, g.family, g.source, with_commas(s.total), human_count(s.total));
+    if (f == Format::Markdown) return "### " + head + "\n\n" + render_table(t, f);
+    return head + "\n\n" + render_table(t, f);
+}
+
+nlohmann::json models_to_json(const std::vector<PresetInfo>& p) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& m : p) j.push_back({{"name", m.name}, {"model_type", m.model_type}, {"hf_id", m.hf_id}});
+    return {{"models", j}};
+}
+
+std::string render_models(const std::vector<PresetInfo>& p, Format f) {
+    if (f == Format::Json) return models_to_json(p).dump(2) + "\n";
+    Table t;
+    t.header = {"name", "model_type", "hugging face id"};
+    for (const auto& m : p) t.rows.push_back({m.name, m.model_type, m.hf_id});
+    return render_table(t, f);
+}
+
+nlohmann::json gpus_to_json(const std::vector<GpuSpec>& gs) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& g : gs)
+        j.push_back({{"name", g.name}, {"vendor", g.vendor}, {"arch", g.arch}, {"memory", g.memory.count()},
+                     {"bandwidth_gbs", g.bandwidth_gbs}, {"tflops", {{"fp32", g.tflops_fp32}, {"tf32", g.tflops_tf32}, {"fp16", g.tflops_fp16}, {"bf16", g.tflops_bf16}, {"fp8", g.tflops_fp8}, {"int8", g.tflops_int8}}},
+                     {"cuda_context", g.cuda_context.count()}, {"cublas_workspace", g.cublas_workspace.count()}});
+    return {{"gpus", j}};
+}
+
+std::string render_gpus(const std::vector<GpuSpec>& gs, Format f) {
+    if (f == Format::Json) return gpus_to_json(gs).dump(2) + "\n";
+    Table t;
+    t.header = {"name", "memory", "bandwidth GB/s", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"};
+    t.right_align = {false, true, true, true, true, true, true, true, true};
+    auto tf = [](double v) { return v > 0 ? fmt::format("{:g}", v) : std::string("-"); };
+    for (const auto& g : gs)
+        t.rows.push_back({g.name, format_bytes(g.memory), fmt::format("{:g}", g.bandwidth_gbs), tf(g.tflops_fp32), tf(g.tflops_tf32),
+                          tf(g.tflops_fp16), tf(g.tflops_bf16), tf(g.tflops_fp8), tf(g.tflops_int8)});
+    std::string out = render_table(t, f);
+    if (f == Format::Text) out += "peak dense TFLOP/s per dtype (vendor datasheets)\n";
+    return out;
+}
+
+}  // namespace gpumem
