@@ -15,7 +15,7 @@ using gpumem::test::run_cli;
 namespace {
 
 std::string temp_file(const std::string& name, const std::string& content) {
-    const auto dir = std::filesystem::path(::testing::TempDir()) / "gpumem_cli_test";
+    const auto dir = std::filesystem::path(::testing::TempDir()) / ("gpumem_cli_test_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
     const auto p = dir / name;
     std::ofstream f(p, std::ios::binary);
@@ -95,7 +95,7 @@ TEST(CliBadInput, MissingOrWrongField) {
 }
 
 TEST(CliBadInput, SafetensorsHeaders) {
-    const auto dir = std::filesystem::path(::testing::TempDir()) / "gpumem_st_bad";
+    const auto dir = std::filesystem::path(::testing::TempDir()) / ("gpumem_st_bad_" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
     const std::string config = R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})";

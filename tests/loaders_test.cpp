@@ -3,19 +3,17 @@
 // --params parsing. Expected values are computed independently in the tests
 // (from shapes written here) or read from tests/fixtures/groundtruth.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include "gpumem/model/load.hpp"
 #include "gpumem/model/safetensors.hpp"
@@ -67,9 +65,9 @@ struct T {
 };
 
 std::int64_t elem_size(const std::string& dt) {
-    static const std::map<std::string, std::int64_t> m{{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2},
+    static const std::map<std::string, std::int64_t> m{{"F64", 8},     {"F32", 4},     {"F16", 2}, {"BF16", 2},
                                                        {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4},
-                                                       {"I16", 2}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}};
+                                                       {"I16", 2},     {"I8", 1},      {"U8", 1},  {"BOOL", 1}};
     return m.at(dt);
 }
 
@@ -135,9 +133,12 @@ std::vector<T> tiny_llama_tensors() {
 
 std::int64_t fp32_role_bytes(ActRole r) {
     switch (r) {
-        case ActRole::Index64: return 8;
-        case ActRole::Mask8: return 1;
-        default: return 4;  // fp32 training: Stream, Lowered and Float32 are all 4 bytes
+        case ActRole::Index64:
+            return 8;
+        case ActRole::Mask8:
+            return 1;
+        default:
+            return 4;  // fp32 training: Stream, Lowered and Float32 are all 4 bytes
     }
 }
 
@@ -147,7 +148,8 @@ std::int64_t saved_bytes_fp32(const Block& b, std::int64_t batch) {
     for (const auto& op : b.ops)
         for (const auto& s : op.saved) {
             TensorId t = s.tensor;
-            while (b.tensors[static_cast<std::size_t>(t)].alias_of >= 0) t = b.tensors[static_cast<std::size_t>(t)].alias_of;
+            while (b.tensors[static_cast<std::size_t>(t)].alias_of >= 0)
+                t = b.tensors[static_cast<std::size_t>(t)].alias_of;
             roots.insert(t);
         }
     std::int64_t bytes = 0;
@@ -296,8 +298,8 @@ TEST(Safetensors, SingleFileHeaderCounts) {
     for (const auto& e : h->tensors) got += e.numel;
     EXPECT_EQ(got, n);
     EXPECT_EQ(h->file_size, static_cast<std::int64_t>(fs::file_size(d.file("model.safetensors"))));
-    auto it = std::find_if(h->tensors.begin(), h->tensors.end(),
-                           [](const auto& e) { return e.name == "model.norm.weight"; });
+    auto it =
+        std::find_if(h->tensors.begin(), h->tensors.end(), [](const auto& e) { return e.name == "model.norm.weight"; });
     ASSERT_NE(it, h->tensors.end());
     EXPECT_EQ(it->dtype, DType::F32);
     EXPECT_EQ(it->shape, (std::vector<std::int64_t>{16}));
@@ -398,8 +400,8 @@ TEST(Safetensors, MissingShardAndConfig) {
 
 TEST(Safetensors, HeaderLengthBeyondFile) {
     TempDir d;
-    write_raw_safetensors(d.file("short.safetensors"), R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-                          4, 100000);
+    write_raw_safetensors(d.file("short.safetensors"), R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4,
+                          100000);
     auto r = read_safetensors_header(d.file("short.safetensors"));
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().message.find("short.safetensors"), std::string::npos) << r.error().message;
@@ -544,8 +546,8 @@ TEST(LayerList, ConvNetShapeTracking) {
     // Saved (fp32, batch 1): conv input 3*32*32, relu output 16*32*32 (also the
     // max-pool input), max-pool int64 indices 16*16*16, flatten (a view of the
     // pooled map) saved by the linear 16*16*16, log_softmax output 10, label 1.
-    const std::int64_t expected = 4 * (3 * 32 * 32) + 4 * (16 * 32 * 32) + 8 * (16 * 16 * 16) + 4 * (16 * 16 * 16) +
-                                  4 * 10 + 8 * 1;
+    const std::int64_t expected =
+        4 * (3 * 32 * 32) + 4 * (16 * 32 * 32) + 8 * (16 * 16 * 16) + 4 * (16 * 16 * 16) + 4 * 10 + 8 * 1;
     EXPECT_EQ(saved_bytes_fp32(g->blocks[0], 1), expected);
 
     // Mismatch: the pooled, flattened map has 4096 features.

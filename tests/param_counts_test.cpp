@@ -265,5 +265,48 @@ TEST(ParamCounts, OtherFamiliesBuild) {
     EXPECT_EQ(build_transformer(qm.value(), DType::BF16).total_params(), 14315784192);
 }
 
+TEST(ParamCounts, UserConfigsMatchPublishedTotals) {
+    struct Case {
+        const char* what;
+        json cfg;
+        std::int64_t params;
+    };
+    const Case cases[] = {
+        {"google/flan-t5-base (gated-gelu, untied lm_head)",
+         {{"model_type", "t5"}, {"vocab_size", 32128}, {"d_model", 768}, {"d_kv", 64}, {"d_ff", 2048},
+          {"num_layers", 12}, {"num_heads", 12}, {"feed_forward_proj", "gated-gelu"}, {"tie_word_embeddings", false}},
+         247577856},
+        {"facebook/opt-350m (project_in/out, post-norm, no final norm)",
+         {{"model_type", "opt"}, {"vocab_size", 50272}, {"hidden_size", 1024}, {"num_hidden_layers", 24},
+          {"num_attention_heads", 16}, {"ffn_dim", 4096}, {"word_embed_proj_dim", 512},
+          {"do_layer_norm_before", false}},
+         331196416},
+        {"FacebookAI/roberta-base as RobertaForMaskedLM",
+         {{"model_type", "roberta"}, {"vocab_size", 50265}, {"max_position_embeddings", 514}, {"type_vocab_size", 1},
+          {"architectures", {"RobertaForMaskedLM"}}},
+         124697433},
+        {"deepseek-ai/DeepSeek-V2-Lite (q_lora_rank null)",
+         {{"model_type", "deepseek_v2"}, {"vocab_size", 102400}, {"hidden_size", 2048}, {"num_hidden_layers", 27},
+          {"num_attention_heads", 16}, {"q_lora_rank", nullptr}, {"kv_lora_rank", 512}, {"intermediate_size", 10944},
+          {"moe_intermediate_size", 1408}, {"n_routed_experts", 64}, {"n_shared_experts", 2},
+          {"num_experts_per_tok", 6}, {"first_k_dense_replace", 1}},
+         15706484224},
+        {"microsoft/phi-1_5",
+         {{"model_type", "phi"}, {"vocab_size", 51200}, {"hidden_size", 2048}, {"num_hidden_layers", 24},
+          {"num_attention_heads", 32}, {"intermediate_size", 8192}, {"partial_rotary_factor", 0.5}},
+         1418270720},
+        {"tiiuae/falcon-40b (new decoder architecture, 2 norms)",
+         {{"model_type", "falcon"}, {"vocab_size", 65024}, {"hidden_size", 8192}, {"num_attention_heads", 128},
+          {"num_kv_heads", 8}, {"num_hidden_layers", 60}, {"new_decoder_architecture", true}},
+         41303293952},
+    };
+    for (const auto& k : cases) {
+        SCOPED_TRACE(k.what);
+        auto spec = parse_hf_config(k.cfg, "c.json");
+        ASSERT_TRUE(spec.ok()) << spec.error().message;
+        EXPECT_EQ(build_transformer(spec.value(), DType::BF16).total_params(), k.params);
+    }
+}
+
 }  // namespace
 }  // namespace gpumem

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +27,7 @@ struct CliResult {
 // Runs build/gpumem with the given argument string (shell-quoted by the caller).
 inline CliResult run_cli(const std::string& args) {
     static int counter = 0;
-    const std::string errfile = std::string(::testing::TempDir()) + "gpumem_cli_err_" + std::to_string(++counter);
+    const std::string errfile = std::string(::testing::TempDir()) + "gpumem_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(++counter);
     const std::string cmd = std::string(GPUMEM_CLI_PATH) + " " + args + " 2>" + errfile;
     CliResult r;
     FILE* p = popen(cmd.c_str(), "r");

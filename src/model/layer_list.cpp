@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "gpumem/model/builder.hpp"
@@ -30,10 +29,23 @@ namespace {
 using nlohmann::json;
 
 const std::vector<std::string>& supported_layers() {
-    static const std::vector<std::string> v{
-        "linear",    "conv2d",    "batchnorm2d", "layernorm", "embedding",          "relu",    "gelu",
-        "silu",      "tanh",      "sigmoid",     "dropout",   "maxpool2d",          "avgpool2d",
-        "adaptive_avgpool2d",     "flatten",     "softmax",   "multihead_attention"};
+    static const std::vector<std::string> v{"linear",
+                                            "conv2d",
+                                            "batchnorm2d",
+                                            "layernorm",
+                                            "embedding",
+                                            "relu",
+                                            "gelu",
+                                            "silu",
+                                            "tanh",
+                                            "sigmoid",
+                                            "dropout",
+                                            "maxpool2d",
+                                            "avgpool2d",
+                                            "adaptive_avgpool2d",
+                                            "flatten",
+                                            "softmax",
+                                            "multihead_attention"};
     return v;
 }
 
@@ -115,8 +127,7 @@ private:
             fail_field(key, "is missing: " + type_ + " needs \"" + key + "\"");
         }
         auto check = [&](const json& x) {
-            if (!x.is_number_integer())
-                fail_field(key, std::string("must be an integer or [h, w], got ") + v->dump());
+            if (!x.is_number_integer()) fail_field(key, std::string("must be an integer or [h, w], got ") + v->dump());
             const auto n = x.get<std::int64_t>();
             if (n < min_value)
                 fail_field(key, "must be " + std::string(min_value == 0 ? ">= 0" : "positive") + ", got " + v->dump());
@@ -190,8 +201,9 @@ ModelGraph LayerListLoader::load() {
     // Input.
     if (!doc_.contains("input"))
         fail(ErrorCode::InvalidArgument, "input",
-             origin_ + ": \"input\" is missing; give the per-sample input, e.g. \"input\": {\"shape\": [1024], "
-                       "\"dtype\": \"float32\"}");
+             origin_ +
+                 ": \"input\" is missing; give the per-sample input, e.g. \"input\": {\"shape\": [1024], "
+                 "\"dtype\": \"float32\"}");
     const json& in = doc_["input"];
     const json* in_shape = nullptr;
     DType in_dtype = DType::F32;
@@ -199,7 +211,8 @@ ModelGraph LayerListLoader::load() {
         in_shape = &in;
     } else if (in.is_object()) {
         if (!in.contains("shape"))
-            fail(ErrorCode::InvalidArgument, "input.shape", origin_ + ": input.shape is missing (per-sample shape, e.g. [3, 224, 224])");
+            fail(ErrorCode::InvalidArgument, "input.shape",
+                 origin_ + ": input.shape is missing (per-sample shape, e.g. [3, 224, 224])");
         in_shape = &in["shape"];
         if (in.contains("dtype")) {
             const auto& d = in["dtype"];
@@ -210,8 +223,9 @@ ModelGraph LayerListLoader::load() {
             in_dtype = *t;
         }
     } else {
-        fail(ErrorCode::InvalidArgument, "input",
-             origin_ + ": \"input\" must be an object {\"shape\": [...], \"dtype\": ...}, got " + detail::json_kind(in));
+        fail(
+            ErrorCode::InvalidArgument, "input",
+            origin_ + ": \"input\" must be an object {\"shape\": [...], \"dtype\": ...}, got " + detail::json_kind(in));
     }
     if (!in_shape->is_array() || in_shape->empty())
         fail(ErrorCode::InvalidArgument, "input.shape",
@@ -251,159 +265,182 @@ ModelGraph LayerListLoader::load() {
             fail(ErrorCode::InvalidArgument, f + ".type",
                  origin_ + ": " + f + ".type is missing (one of: " + join(supported_layers()) + ")");
         std::string t = (*layer_)["type"].get<std::string>();
-        std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-        static const std::map<std::string, std::string> kAlias{
-            {"conv", "conv2d"}, {"batchnorm", "batchnorm2d"}, {"bn", "batchnorm2d"}, {"layer_norm", "layernorm"},
-            {"adaptiveavgpool2d", "adaptive_avgpool2d"}, {"mha", "multihead_attention"},
-            {"multiheadattention", "multihead_attention"}, {"maxpool", "maxpool2d"}, {"avgpool", "avgpool2d"}};
+        std::transform(t.begin(), t.end(), t.begin(),
+                       [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+        static const std::map<std::string, std::string> kAlias{{"conv", "conv2d"},
+                                                               {"batchnorm", "batchnorm2d"},
+                                                               {"bn", "batchnorm2d"},
+                                                               {"layer_norm", "layernorm"},
+                                                               {"adaptiveavgpool2d", "adaptive_avgpool2d"},
+                                                               {"mha", "multihead_attention"},
+                                                               {"multiheadattention", "multihead_attention"},
+                                                               {"maxpool", "maxpool2d"},
+                                                               {"avgpool", "avgpool2d"}};
         if (auto it = kAlias.find(t); it != kAlias.end()) t = it->second;
         type_ = t;
         std::string name = std::to_string(idx_);
         if (layer_->contains("name") && (*layer_)["name"].is_string() && !(*layer_)["name"].get<std::string>().empty())
             name = (*layer_)["name"].get<std::string>();
 
-        if (t == "linear") {
-            need_float();
-            const auto in_f = get_int({"in", "in_features"}, std::nullopt);
-            const auto out_f = get_int({"out", "out_features"}, std::nullopt);
-            const bool bias = get_bool({"bias"}, true);
-            check_features("in", in_f, shape_.back(), "features");
-            cur = b.linear(cur, in_f, out_f, bias, name, Component::Other);
-            shape_.back() = out_f;
-        } else if (t == "conv2d") {
-            need_chw();
-            const auto in_c = get_int({"in", "in_channels"}, std::nullopt);
-            const auto out_c = get_int({"out", "out_channels"}, std::nullopt);
-            const auto [kh, kw] = get_pair({"kernel", "kernel_size"}, std::nullopt);
-            const auto [sh, sw] = get_pair({"stride"}, std::pair<std::int64_t, std::int64_t>{1, 1});
-            const auto [ph, pw] = get_pair({"padding"}, std::pair<std::int64_t, std::int64_t>{0, 0}, 0);
-            const bool bias = get_bool({"bias"}, true);
-            check_features("in", in_c, shape_[0], "channels");
-            const auto oh = pool_out(shape_[1], kh, sh, ph), ow = pool_out(shape_[2], kw, sw, pw);
-            if (oh <= 0 || ow <= 0)
-                fail_layer("kernel " + std::to_string(kh) + "x" + std::to_string(kw) + " does not fit the " +
-                           std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + " input (padding " +
-                           std::to_string(ph) + ")");
-            const std::vector<std::int64_t> out_shape{out_c, oh, ow};
-            // As BlockBuilder::conv2d, with rectangular kernels: convolution saves its input.
-            const TensorId out = b.tensor(name, ext(prod(out_shape)), ActRole::Lowered);
-            Op& o = b.op(OpKind::Conv2d, name, {cur}, {out}, {{cur, true}});
-            o.flops = ext(checked_mul(checked_mul(2, checked_mul(oh, ow)), checked_mul(out_c, checked_mul(in_c, kh * kw))));
-            const auto w = b.param(name + ".weight", {out_c, in_c, kh, kw}, Component::Other, name);
-            b.block().ops.back().params.push_back(w);
-            if (bias) {
-                const auto bi = b.param(name + ".bias", {out_c}, Component::Other, name);
-                b.block().ops.back().params.push_back(bi);
+        try {
+            if (t == "linear") {
+                need_float();
+                const auto in_f = get_int({"in", "in_features"}, std::nullopt);
+                const auto out_f = get_int({"out", "out_features"}, std::nullopt);
+                const bool bias = get_bool({"bias"}, true);
+                check_features("in", in_f, shape_.back(), "features");
+                cur = b.linear(cur, in_f, out_f, bias, name, Component::Other);
+                shape_.back() = out_f;
+            } else if (t == "conv2d") {
+                need_chw();
+                const auto in_c = get_int({"in", "in_channels"}, std::nullopt);
+                const auto out_c = get_int({"out", "out_channels"}, std::nullopt);
+                const auto [kh, kw] = get_pair({"kernel", "kernel_size"}, std::nullopt);
+                const auto [sh, sw] = get_pair({"stride"}, std::pair<std::int64_t, std::int64_t>{1, 1});
+                const auto [ph, pw] = get_pair({"padding"}, std::pair<std::int64_t, std::int64_t>{0, 0}, 0);
+                const bool bias = get_bool({"bias"}, true);
+                check_features("in", in_c, shape_[0], "channels");
+                const auto oh = pool_out(shape_[1], kh, sh, ph), ow = pool_out(shape_[2], kw, sw, pw);
+                if (oh <= 0 || ow <= 0)
+                    fail_layer("kernel " + std::to_string(kh) + "x" + std::to_string(kw) + " does not fit the " +
+                               std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + " input (padding " +
+                               std::to_string(ph) + ")");
+                const std::vector<std::int64_t> out_shape{out_c, oh, ow};
+                // As BlockBuilder::conv2d, with rectangular kernels: convolution saves its input.
+                const TensorId out = b.tensor(name, ext(prod(out_shape)), ActRole::Lowered);
+                Op& o = b.op(OpKind::Conv2d, name, {cur}, {out}, {{cur, true}});
+                o.flops = ext(
+                    checked_mul(checked_mul(2, checked_mul(oh, ow)), checked_mul(out_c, checked_mul(in_c, kh * kw))));
+                const auto w = b.param(name + ".weight", {out_c, in_c, kh, kw}, Component::Other, name);
+                b.block().ops.back().params.push_back(w);
+                if (bias) {
+                    const auto bi = b.param(name + ".bias", {out_c}, Component::Other, name);
+                    b.block().ops.back().params.push_back(bi);
+                }
+                cur = out;
+                shape_ = out_shape;
+            } else if (t == "batchnorm2d") {
+                need_chw();
+                const auto c = get_int({"features", "channels", "num_features"}, std::nullopt);
+                check_features("features", c, shape_[0], "channels");
+                cur = b.batchnorm2d(cur, c, name);
+            } else if (t == "layernorm") {
+                need_float();
+                const auto d = get_int({"normalized", "dim", "normalized_shape"}, std::nullopt);
+                const bool affine = get_bool({"elementwise_affine", "affine"}, true);
+                const bool bias = get_bool({"bias"}, true);
+                check_features("normalized", d, shape_.back(), "features");
+                cur = b.layernorm(cur, d, bias, name, Component::Norms, affine);
+            } else if (t == "embedding") {
+                if (!integer_)
+                    fail_layer("needs integer token ids as input, but " + prev_desc() + " a float tensor " +
+                               shape_str(shape_) + " (set \"input\": {\"dtype\": \"int64\"})");
+                const auto num = get_int({"num", "num_embeddings"}, std::nullopt);
+                const auto dim = get_int({"dim", "embedding_dim"}, std::nullopt);
+                cur = b.embedding(cur, num, dim, name, Component::Embeddings);
+                shape_.push_back(dim);
+                integer_ = false;
+            } else if (t == "relu" || t == "gelu" || t == "silu" || t == "tanh" || t == "sigmoid") {
+                need_float();
+                using A = BlockBuilder::Act;
+                A a = t == "relu"   ? A::ReLU
+                      : t == "gelu" ? A::GELU
+                      : t == "silu" ? A::SiLU
+                      : t == "tanh" ? A::Tanh
+                                    : A::Sigmoid;
+                if (t == "gelu" && layer_->contains("approximate") && (*layer_)["approximate"] == "tanh")
+                    a = A::GELUTanh;
+                cur = b.activation(cur, a, name);
+            } else if (t == "dropout") {
+                need_float();
+                cur = b.dropout(cur, get_prob("p", 0.5), name);
+            } else if (t == "maxpool2d" || t == "avgpool2d") {
+                need_chw();
+                const auto [kh, kw] = get_pair({"kernel", "kernel_size"}, std::nullopt);
+                const auto [sh, sw] = get_pair({"stride"}, std::pair<std::int64_t, std::int64_t>{kh, kw});
+                const auto [ph, pw] = get_pair({"padding"}, std::pair<std::int64_t, std::int64_t>{0, 0}, 0);
+                if (2 * ph > kh || 2 * pw > kw)
+                    fail_field("padding", "must be at most half the kernel size (PyTorch rule)");
+                const auto oh = pool_out(shape_[1], kh, sh, ph), ow = pool_out(shape_[2], kw, sw, pw);
+                if (oh <= 0 || ow <= 0)
+                    fail_layer("kernel " + std::to_string(kh) + "x" + std::to_string(kw) + " does not fit the " +
+                               std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + " input");
+                shape_ = {shape_[0], oh, ow};
+                cur = t == "maxpool2d" ? b.maxpool2d(cur, ext(prod(shape_)), kh, name)
+                                       : b.avgpool2d(cur, ext(prod(shape_)), name, false);
+            } else if (t == "adaptive_avgpool2d") {
+                need_chw();
+                const auto [oh, ow] = get_pair({"output", "output_size"}, std::nullopt);
+                shape_ = {shape_[0], oh, ow};
+                cur = b.avgpool2d(cur, ext(prod(shape_)), name, true);
+            } else if (t == "flatten") {
+                need_float();
+                // nn.Flatten() (start_dim=1): all per-sample dims into one; a view of a contiguous tensor.
+                shape_ = {prod(shape_)};
+                cur = b.view(cur, ext(shape_[0]), name);
+                b.block().ops.back().kind = OpKind::Flatten;
+            } else if (t == "softmax") {
+                need_float();
+                if (layer_->contains("dim") && (*layer_)["dim"] != -1 &&
+                    (*layer_)["dim"] != static_cast<std::int64_t>(shape_.size()))
+                    notes_.push_back("layers[" + std::to_string(idx_) +
+                                     "] softmax: dim other than -1 has the same "
+                                     "memory; modelled as dim -1");
+                // softmax saves its output; under autocast it runs in fp32 (the Stream role).
+                cur = b.softmax(cur, name, ActRole::Stream);
+            } else if (t == "multihead_attention") {
+                need_float();
+                if (shape_.size() != 2)
+                    fail_layer("needs a [seq, embed_dim] input per sample, but " + prev_desc() + " " +
+                               shape_str(shape_));
+                const auto E = get_int({"embed_dim", "embed"}, std::nullopt);
+                const auto H = get_int({"heads", "num_heads"}, std::nullopt);
+                const double p = get_prob("dropout", 0.0);
+                const bool bias = get_bool({"bias"}, true);
+                check_features("embed_dim", E, shape_[1], "features");
+                if (E % H != 0)
+                    fail_field("heads",
+                               "must divide embed_dim (" + std::to_string(E) + " % " + std::to_string(H) + " != 0)");
+                const std::int64_t L = shape_[0];
+                const std::int64_t d = E / H;
+                // nn.MultiheadAttention(E, H, batch_first=True)(x, x, x) in training
+                // runs F.multi_head_attention_forward's math path (need_weights=True):
+                //   proj = linear(x, in_proj_weight, in_proj_bias)          saves x
+                //   proj.unflatten(-1, (3, E))...contiguous() -> q, k, v    a copy [3, L, B, E]; q/k/v are views
+                //   q_scaled = q * (1/sqrt(d))                              scalar mul saves nothing
+                //   w = bmm(q_scaled, k^T)                                  saves q_scaled and k (the qkv copy)
+                //   w = softmax(w); w = dropout(w, p)                       saves softmax output (+ bool mask)
+                //   o = bmm(w, v)                                           saves w and v (v: same qkv storage)
+                //   o = o.transpose(0, 1).contiguous().view(L*B, E)         a copy
+                //   out = linear(o, out_proj.weight, out_proj.bias)         saves the copy
+                // The head-averaged weights returned to the caller are dropped unused.
+                const TensorId proj = b.linear(cur, E, 3 * E, false, name + ".in_proj", Component::Attention, false);
+                const auto w = b.param(name + ".in_proj_weight", {3 * E, E}, Component::Attention, "in_proj");
+                b.block().ops.back().params.push_back(w);
+                if (bias) {
+                    const auto bi = b.param(name + ".in_proj_bias", {3 * E}, Component::Attention, "in_proj");
+                    b.block().ops.back().params.push_back(bi);
+                }
+                const TensorId qkv =
+                    b.copy(proj, ext(checked_mul(3, checked_mul(L, E))), name + ".qkv", ActRole::Lowered);
+                const TensorId qs =
+                    b.elementwise({qkv}, ext(checked_mul(L, E)), ActRole::Lowered, {}, name + ".q_scaled");
+                const Extent scores_e = ext(checked_mul(H, checked_mul(L, L)));
+                const TensorId scores = b.matmul(qs, qkv, scores_e, 2 * d, name + ".scores", true, true, kAttnCore);
+                const TensorId probs = b.softmax(scores, name + ".softmax", ActRole::Stream, kAttnCore);
+                const TensorId probs_d = b.dropout(probs, p, name + ".attn_dropout", kAttnCore);
+                // v is a view of the qkv storage the scores bmm already saved.
+                const TensorId ctx =
+                    b.matmul(probs_d, qkv, ext(checked_mul(L, E)), 2 * L, name + ".attn_v", true, false);
+                const TensorId ctx_c = b.copy(ctx, ext(checked_mul(L, E)), name + ".attn_output", ActRole::Lowered);
+                cur = b.linear(ctx_c, E, E, bias, name + ".out_proj", Component::Attention);
+            } else {
+                fail(ErrorCode::Unsupported, f + ".type",
+                     origin_ + ": " + f + ".type \"" + (*layer_)["type"].get<std::string>() +
+                         "\" is not supported (supported: " + join(supported_layers()) + ")");
             }
-            cur = out;
-            shape_ = out_shape;
-        } else if (t == "batchnorm2d") {
-            need_chw();
-            const auto c = get_int({"features", "channels", "num_features"}, std::nullopt);
-            check_features("features", c, shape_[0], "channels");
-            cur = b.batchnorm2d(cur, c, name);
-        } else if (t == "layernorm") {
-            need_float();
-            const auto d = get_int({"normalized", "dim", "normalized_shape"}, std::nullopt);
-            const bool affine = get_bool({"elementwise_affine", "affine"}, true);
-            const bool bias = get_bool({"bias"}, true);
-            check_features("normalized", d, shape_.back(), "features");
-            cur = b.layernorm(cur, d, bias, name, Component::Norms, affine);
-        } else if (t == "embedding") {
-            if (!integer_)
-                fail_layer("needs integer token ids as input, but " + prev_desc() + " a float tensor " +
-                           shape_str(shape_) + " (set \"input\": {\"dtype\": \"int64\"})");
-            const auto num = get_int({"num", "num_embeddings"}, std::nullopt);
-            const auto dim = get_int({"dim", "embedding_dim"}, std::nullopt);
-            cur = b.embedding(cur, num, dim, name, Component::Embeddings);
-            shape_.push_back(dim);
-            integer_ = false;
-        } else if (t == "relu" || t == "gelu" || t == "silu" || t == "tanh" || t == "sigmoid") {
-            need_float();
-            using A = BlockBuilder::Act;
-            A a = t == "relu" ? A::ReLU : t == "gelu" ? A::GELU : t == "silu" ? A::SiLU : t == "tanh" ? A::Tanh : A::Sigmoid;
-            if (t == "gelu" && layer_->contains("approximate") && (*layer_)["approximate"] == "tanh") a = A::GELUTanh;
-            cur = b.activation(cur, a, name);
-        } else if (t == "dropout") {
-            need_float();
-            cur = b.dropout(cur, get_prob("p", 0.5), name);
-        } else if (t == "maxpool2d" || t == "avgpool2d") {
-            need_chw();
-            const auto [kh, kw] = get_pair({"kernel", "kernel_size"}, std::nullopt);
-            const auto [sh, sw] = get_pair({"stride"}, std::pair<std::int64_t, std::int64_t>{kh, kw});
-            const auto [ph, pw] = get_pair({"padding"}, std::pair<std::int64_t, std::int64_t>{0, 0}, 0);
-            if (2 * ph > kh || 2 * pw > kw) fail_field("padding", "must be at most half the kernel size (PyTorch rule)");
-            const auto oh = pool_out(shape_[1], kh, sh, ph), ow = pool_out(shape_[2], kw, sw, pw);
-            if (oh <= 0 || ow <= 0)
-                fail_layer("kernel " + std::to_string(kh) + "x" + std::to_string(kw) + " does not fit the " +
-                           std::to_string(shape_[1]) + "x" + std::to_string(shape_[2]) + " input");
-            shape_ = {shape_[0], oh, ow};
-            cur = t == "maxpool2d" ? b.maxpool2d(cur, ext(prod(shape_)), kh, name)
-                                   : b.avgpool2d(cur, ext(prod(shape_)), name, false);
-        } else if (t == "adaptive_avgpool2d") {
-            need_chw();
-            const auto [oh, ow] = get_pair({"output", "output_size"}, std::nullopt);
-            shape_ = {shape_[0], oh, ow};
-            cur = b.avgpool2d(cur, ext(prod(shape_)), name, true);
-        } else if (t == "flatten") {
-            need_float();
-            // nn.Flatten() (start_dim=1): all per-sample dims into one; a view of a contiguous tensor.
-            shape_ = {prod(shape_)};
-            cur = b.view(cur, ext(shape_[0]), name);
-            b.block().ops.back().kind = OpKind::Flatten;
-        } else if (t == "softmax") {
-            need_float();
-            if (layer_->contains("dim") && (*layer_)["dim"] != -1 &&
-                (*layer_)["dim"] != static_cast<std::int64_t>(shape_.size()))
-                notes_.push_back("layers[" + std::to_string(idx_) + "] softmax: dim other than -1 has the same "
-                                 "memory; modelled as dim -1");
-            // softmax saves its output; under autocast it runs in fp32 (the Stream role).
-            cur = b.softmax(cur, name, ActRole::Stream);
-        } else if (t == "multihead_attention") {
-            need_float();
-            if (shape_.size() != 2)
-                fail_layer("needs a [seq, embed_dim] input per sample, but " + prev_desc() + " " + shape_str(shape_));
-            const auto E = get_int({"embed_dim", "embed"}, std::nullopt);
-            const auto H = get_int({"heads", "num_heads"}, std::nullopt);
-            const double p = get_prob("dropout", 0.0);
-            const bool bias = get_bool({"bias"}, true);
-            check_features("embed_dim", E, shape_[1], "features");
-            if (E % H != 0)
-                fail_field("heads", "must divide embed_dim (" + std::to_string(E) + " % " + std::to_string(H) + " != 0)");
-            const std::int64_t L = shape_[0];
-            const std::int64_t d = E / H;
-            // nn.MultiheadAttention(E, H, batch_first=True)(x, x, x) in training
-            // runs F.multi_head_attention_forward's math path (need_weights=True):
-            //   proj = linear(x, in_proj_weight, in_proj_bias)          saves x
-            //   proj.unflatten(-1, (3, E))...contiguous() -> q, k, v    a copy [3, L, B, E]; q/k/v are views
-            //   q_scaled = q * (1/sqrt(d))                              scalar mul saves nothing
-            //   w = bmm(q_scaled, k^T)                                  saves q_scaled and k (the qkv copy)
-            //   w = softmax(w); w = dropout(w, p)                       saves softmax output (+ bool mask)
-            //   o = bmm(w, v)                                           saves w and v (v: same qkv storage)
-            //   o = o.transpose(0, 1).contiguous().view(L*B, E)         a copy
-            //   out = linear(o, out_proj.weight, out_proj.bias)         saves the copy
-            // The head-averaged weights returned to the caller are dropped unused.
-            const TensorId proj = b.linear(cur, E, 3 * E, false, name + ".in_proj", Component::Attention, false);
-            const auto w = b.param(name + ".in_proj_weight", {3 * E, E}, Component::Attention, "in_proj");
-            b.block().ops.back().params.push_back(w);
-            if (bias) {
-                const auto bi = b.param(name + ".in_proj_bias", {3 * E}, Component::Attention, "in_proj");
-                b.block().ops.back().params.push_back(bi);
-            }
-            const TensorId qkv = b.copy(proj, ext(checked_mul(3, checked_mul(L, E))), name + ".qkv", ActRole::Lowered);
-            const TensorId qs = b.elementwise({qkv}, ext(checked_mul(L, E)), ActRole::Lowered, {}, name + ".q_scaled");
-            const Extent scores_e = ext(checked_mul(H, checked_mul(L, L)));
-            const TensorId scores = b.matmul(qs, qkv, scores_e, 2 * d, name + ".scores", true, true, kAttnCore);
-            const TensorId probs = b.softmax(scores, name + ".softmax", ActRole::Stream, kAttnCore);
-            const TensorId probs_d = b.dropout(probs, p, name + ".attn_dropout", kAttnCore);
-            // v is a view of the qkv storage the scores bmm already saved.
-            const TensorId ctx = b.matmul(probs_d, qkv, ext(checked_mul(L, E)), 2 * L, name + ".attn_v", true, false);
-            const TensorId ctx_c = b.copy(ctx, ext(checked_mul(L, E)), name + ".attn_output", ActRole::Lowered);
-            cur = b.linear(ctx_c, E, E, bias, name + ".out_proj", Component::Attention);
-        } else {
-            fail(ErrorCode::Unsupported, f + ".type",
-                 origin_ + ": " + f + ".type \"" + (*layer_)["type"].get<std::string>() +
-                     "\" is not supported (supported: " + join(supported_layers()) + ")");
+        } catch (const OverflowError&) {
+            fail_layer("sizes overflow 64 bits; check the layer's dimensions", ErrorCode::Overflow);
         }
     }
 
@@ -412,14 +449,16 @@ ModelGraph LayerListLoader::load() {
     std::string loss = "sum";
     if (doc_.contains("loss")) {
         if (!doc_["loss"].is_string())
-            fail(ErrorCode::InvalidArgument, "loss", origin_ + ": \"loss\" must be one of sum, mse, cross_entropy, none");
+            fail(ErrorCode::InvalidArgument, "loss",
+                 origin_ + ": \"loss\" must be one of sum, mse, cross_entropy, none");
         loss = doc_["loss"].get<std::string>();
     } else {
         notes_.push_back("no \"loss\" given: backward of out.sum() assumed");
     }
     if (integer_ && loss != "none")
         fail(ErrorCode::InvalidArgument, "loss",
-             origin_ + ": the model output is integer ids (no layer after the input); add layers or set \"loss\": \"none\"");
+             origin_ +
+                 ": the model output is integer ids (no layer after the input); add layers or set \"loss\": \"none\"");
     if (loss == "sum") {
         b.sum_loss(cur, "loss");
     } else if (loss == "mse") {

@@ -8,11 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <unordered_map>
-
-#include <nlohmann/json.hpp>
 
 #include "gpumem/model/safetensors.hpp"
 #include "gpumem/model/transformer.hpp"
@@ -70,19 +69,29 @@ json parse_json_text(const std::string& text, std::string_view origin) {
     }
 }
 
-json read_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
+json read_json_file(const std::string& path) {
+    return parse_json_text(read_text_file(path), path);
+}
 
 const char* json_kind(const json& j) {
     switch (j.type()) {
-        case json::value_t::null: return "null";
-        case json::value_t::object: return "an object";
-        case json::value_t::array: return "an array";
-        case json::value_t::string: return "a string";
-        case json::value_t::boolean: return "a boolean";
+        case json::value_t::null:
+            return "null";
+        case json::value_t::object:
+            return "an object";
+        case json::value_t::array:
+            return "an array";
+        case json::value_t::string:
+            return "a string";
+        case json::value_t::boolean:
+            return "a boolean";
         case json::value_t::number_integer:
-        case json::value_t::number_unsigned: return "an integer";
-        case json::value_t::number_float: return "a number";
-        default: return "a value";
+        case json::value_t::number_unsigned:
+            return "an integer";
+        case json::value_t::number_float:
+            return "a number";
+        default:
+            return "a value";
     }
 }
 
@@ -113,8 +122,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 struct PresetTable {
-    std::vector<PresetInfo> infos;                  // sorted by name
-    std::map<std::string, const char*> text;        // name -> embedded config text
+    std::vector<PresetInfo> infos;            // sorted by name
+    std::map<std::string, const char*> text;  // name -> embedded config text
 };
 
 const PresetTable& preset_table() {
@@ -222,7 +231,9 @@ std::string dir_name(const std::string& dir) {
 // ---------------------------------------------------------------------------
 // Presets
 // ---------------------------------------------------------------------------
-const std::vector<PresetInfo>& presets() { return preset_table().infos; }
+const std::vector<PresetInfo>& presets() {
+    return preset_table().infos;
+}
 
 const char* preset_config_text(std::string_view name) {
     const auto canonical = resolve_preset(name);
@@ -313,8 +324,9 @@ Result<ModelGraph> load_model(const std::string& spec) {
         return detail::guard([&]() -> Result<ModelGraph> {
             if (fs::path(spec).extension() == ".safetensors")
                 fail(ErrorCode::InvalidArgument, spec,
-                     spec + ": a safetensors file alone has no architecture; pass the folder that holds it and its "
-                            "config.json");
+                     spec +
+                         ": a safetensors file alone has no architecture; pass the folder that holds it and its "
+                         "config.json");
             const json doc = detail::read_json_file(spec);
             const bool has_layers = doc.is_object() && doc.contains("layers");
             const bool has_type = doc.is_object() && doc.contains("model_type");
@@ -330,14 +342,15 @@ Result<ModelGraph> load_model(const std::string& spec) {
                 return g;
             }
             fail(ErrorCode::ParseError, spec,
-                 spec + ": not a model description: a Hugging Face config.json has \"model_type\" and a layer list "
-                        "has \"layers\", this file has neither");
+                 spec +
+                     ": not a model description: a Hugging Face config.json has \"model_type\" and a layer list "
+                     "has \"layers\", this file has neither");
         });
     }
     if (resolve_preset(spec)) return load_preset(spec);
 
-    std::string msg = "unknown model \"" + spec +
-                      "\": not a file, a folder or a built-in preset (run 'gpumem models' for the list)";
+    std::string msg =
+        "unknown model \"" + spec + "\": not a file, a folder or a built-in preset (run 'gpumem models' for the list)";
     if (auto s = suggest_presets(spec); !s.empty()) {
         msg += "; did you mean: ";
         for (std::size_t i = 0; i < s.size(); ++i) msg += (i ? ", " : "") + s[i];
@@ -394,8 +407,9 @@ Result<ModelGraph> load_model_dir(const std::string& dir) {
         std::error_code ec;
         if (!fs::is_regular_file(config, ec))
             fail(ErrorCode::NotFound, dir,
-                 dir + ": no config.json in this folder; gpumem needs the model's config.json for the architecture "
-                       "(download it next to the *.safetensors files)");
+                 dir +
+                     ": no config.json in this folder; gpumem needs the model's config.json for the architecture "
+                     "(download it next to the *.safetensors files)");
         auto r = load_hf_config_file(config.string());
         if (!r) return r;
         ModelGraph g = std::move(r).value();
@@ -420,8 +434,9 @@ Result<ModelGraph> load_model_dir(const std::string& dir) {
                 const fs::path p = root / s;
                 if (!fs::is_regular_file(p, ec))
                     fail(ErrorCode::NotFound, p.string(),
-                         p.string() + ": shard listed in model.safetensors.index.json is missing; download it (only "
-                                      "its header is read)");
+                         p.string() +
+                             ": shard listed in model.safetensors.index.json is missing; download it (only "
+                             "its header is read)");
                 files.push_back(p);
             }
         } else if (fs::is_regular_file(root / "model.safetensors", ec)) {
@@ -437,7 +452,7 @@ Result<ModelGraph> load_model_dir(const std::string& dir) {
         }
 
         // Read each header once; the headers are the authority for what is stored.
-        std::map<std::string, DType> tensor_dtype;         // counted tensors (deduplicated by name)
+        std::map<std::string, DType> tensor_dtype;  // counted tensors (deduplicated by name)
         std::map<std::string, std::int64_t> tensor_numel;
         std::vector<std::string> excluded;
         std::int64_t excluded_elems = 0;
@@ -584,8 +599,9 @@ ModelGraph params_only_graph(std::int64_t params) {
     g.source = "--params";
     g.params_only = params;
     g.has_sequence = false;
-    g.notes.push_back("--params gives a parameter count only: model states (weights, gradients, optimizer) are "
-                      "estimated, activations are not modelled");
+    g.notes.push_back(
+        "--params gives a parameter count only: model states (weights, gradients, optimizer) are "
+        "estimated, activations are not modelled");
     return g;
 }
 
@@ -593,7 +609,7 @@ Result<std::int64_t> parse_param_count(std::string_view text) {
     const std::string orig(text);
     auto bad = [&](const std::string& why) {
         return Error{ErrorCode::InvalidArgument,
-                     "invalid parameter count \"" + orig + "\": " + why +
+                     "invalid parameter count \"" + orig + "\" (--params): " + why +
                          "; expected a positive number with an optional K/M/B/T suffix, e.g. 7B, 1.5e9, 125M",
                      "--params"};
     };
@@ -639,28 +655,36 @@ Result<std::int64_t> parse_param_count(std::string_view text) {
     }
     if (i < s.size()) {
         const std::string suf = lower(s.substr(i));
-        if (suf == "k") exp10 += 3;
-        else if (suf == "m") exp10 += 6;
-        else if (suf == "b" || suf == "g") exp10 += 9;
-        else if (suf == "t") exp10 += 12;
-        else return bad("unknown suffix \"" + s.substr(i) + "\"");
+        if (suf == "k")
+            exp10 += 3;
+        else if (suf == "m")
+            exp10 += 6;
+        else if (suf == "b" || suf == "g")
+            exp10 += 9;
+        else if (suf == "t")
+            exp10 += 12;
+        else
+            return bad("unknown suffix \"" + s.substr(i) + "\"");
     }
-    if (overflow) return Error{ErrorCode::Overflow, "parameter count \"" + orig + "\" does not fit in 64 bits", "--params"};
+    if (overflow)
+        return Error{ErrorCode::Overflow, "parameter count \"" + orig + "\" (--params) does not fit in 64 bits", "--params"};
     const i128 limit = static_cast<i128>(INT64_MAX);
     while (exp10 > 0 && mant != 0) {
         mant *= 10;
         --exp10;
         if (mant > limit)
-            return Error{ErrorCode::Overflow, "parameter count \"" + orig + "\" does not fit in 64 bits", "--params"};
+            return Error{ErrorCode::Overflow, "parameter count \"" + orig + "\" (--params) does not fit in 64 bits", "--params"};
     }
     if (exp10 < 0) {
         i128 div = 1;
         while (exp10 < 0 && div < limit) div *= 10, ++exp10;
-        if (exp10 < 0) mant = 0;
-        else mant = (mant + div / 2) / div;  // round to the nearest whole parameter
+        if (exp10 < 0)
+            mant = 0;
+        else
+            mant = (mant + div / 2) / div;  // round to the nearest whole parameter
     }
     if (mant > limit)
-        return Error{ErrorCode::Overflow, "parameter count \"" + orig + "\" does not fit in 64 bits", "--params"};
+        return Error{ErrorCode::Overflow, "parameter count \"" + orig + "\" (--params) does not fit in 64 bits", "--params"};
     if (mant <= 0) return bad("a model needs at least one parameter");
     return static_cast<std::int64_t>(mant);
 }

@@ -2,10 +2,9 @@
 // layer_list.cpp, safetensors.cpp). Private to src/model.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "gpumem/core/result.hpp"
 

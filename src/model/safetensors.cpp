@@ -5,7 +5,6 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "load_internal.hpp"
@@ -24,9 +23,18 @@ struct StDtype {
     DType type;
 };
 constexpr std::array<StDtype, 12> kDtypes{{
-    {"F64", DType::F64}, {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16},
-    {"F8_E4M3", DType::F8_E4M3}, {"F8_E5M2", DType::F8_E5M2}, {"I64", DType::I64}, {"I32", DType::I32},
-    {"I16", DType::I16}, {"I8", DType::I8}, {"U8", DType::U8}, {"BOOL", DType::Bool},
+    {"F64", DType::F64},
+    {"F32", DType::F32},
+    {"F16", DType::F16},
+    {"BF16", DType::BF16},
+    {"F8_E4M3", DType::F8_E4M3},
+    {"F8_E5M2", DType::F8_E5M2},
+    {"I64", DType::I64},
+    {"I32", DType::I32},
+    {"I16", DType::I16},
+    {"I8", DType::I8},
+    {"U8", DType::U8},
+    {"BOOL", DType::Bool},
 }};
 
 std::string supported_list() {
@@ -78,7 +86,8 @@ Result<SafetensorsHeader> parse_safetensors_header(const std::string& json_text,
         } catch (const json::parse_error& e) {
             bad(origin, "", "header is not valid JSON (byte " + std::to_string(e.byte) + " of the header)");
         }
-        if (!doc.is_object()) bad(origin, "", std::string("header must be a JSON object, got ") + detail::json_kind(doc));
+        if (!doc.is_object())
+            bad(origin, "", std::string("header must be a JSON object, got ") + detail::json_kind(doc));
 
         SafetensorsHeader h;
         for (const auto& [name, v] : doc.items()) {
@@ -90,7 +99,8 @@ Result<SafetensorsHeader> parse_safetensors_header(const std::string& json_text,
             // dtype
             if (!v.contains("dtype") || !v["dtype"].is_string()) bad(origin, name, "missing \"dtype\" (string)");
             const std::string dt = v["dtype"].get<std::string>();
-            const auto it = std::find_if(kDtypes.begin(), kDtypes.end(), [&](const StDtype& d) { return dt == d.name; });
+            const auto it =
+                std::find_if(kDtypes.begin(), kDtypes.end(), [&](const StDtype& d) { return dt == d.name; });
             if (it == kDtypes.end())
                 bad(origin, name, "dtype \"" + dt + "\" is not supported (supported: " + supported_list() + ")",
                     ErrorCode::Unsupported, "");
@@ -121,7 +131,8 @@ Result<SafetensorsHeader> parse_safetensors_header(const std::string& json_text,
                 bad(origin, name, "missing \"data_offsets\" [begin, end]");
             if (!as_nonneg_int(v["data_offsets"][0], e.begin) || !as_nonneg_int(v["data_offsets"][1], e.end) ||
                 e.end < e.begin)
-                bad(origin, name, "\"data_offsets\" " + v["data_offsets"].dump() + " must be integers with 0 <= begin <= end");
+                bad(origin, name,
+                    "\"data_offsets\" " + v["data_offsets"].dump() + " must be integers with 0 <= begin <= end");
             if (e.end - e.begin != nbytes)
                 bad(origin, name,
                     "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "] span " +

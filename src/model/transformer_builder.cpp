@@ -345,8 +345,7 @@ TensorId attention(Ctx& c, TensorId x, const AttnOpts& a) {
         // position_bias = relative_attention_bias(buckets).permute + mask: [b, H, s, s],
         // computed once in the first layer and reused (the [s, s] int64 buckets are not modelled).
         const TensorId pb = B.tensor(nm.core + ".position_bias", Extent::per_token2(H), ActRole::Stream);
-        Op& po = B.op(OpKind::Embedding, nm.core + ".relative_attention_bias", {}, {pb});
-        (void)po;
+        B.op(OpKind::Embedding, nm.core + ".relative_attention_bias", {}, {pb});
         const std::size_t op_index = B.block().ops.size() - 1;
         const auto w = B.param(nm.core + ".relative_attention_bias.weight", {s.relative_buckets, H},
                                Component::Attention, "relative_attention_bias");
@@ -459,7 +458,6 @@ TensorId moe(Ctx& c, TensorId x) {
     const std::int64_t h = s.hidden, E = s.experts, K = s.experts_per_token;
     // Router.
     const TensorId logits = linear(c, x, h, E, false, n.router, Component::Router, true, 0, n.router_linear_weight);
-    B.block().ops.back().kind = OpKind::Router;
     if (s.router_bias) {
         const std::size_t op_index = B.block().ops.size() - 1;
         const auto pb = B.param(n.router + ".e_score_correction_bias", {E}, Component::Router, leaf(n.router));
@@ -505,10 +503,8 @@ TensorId moe(Ctx& c, TensorId x) {
     return out;
 }
 
-enum class Kind { Dense, Moe, T5First, T5Rest };
-
 // One decoder (or encoder) layer. x is the residual stream.
-TensorId layer(Ctx& c, TensorId x, Kind kind, bool moe_layer) {
+TensorId layer(Ctx& c, TensorId x, bool moe_layer) {
     const S& s = c.s;
     const Names& n = c.n;
     BlockBuilder& B = c.B;
@@ -517,7 +513,6 @@ TensorId layer(Ctx& c, TensorId x, Kind kind, bool moe_layer) {
     ao.names = &n.attn;
     auto attn = [&](TensorId in) { return s.mla ? mla(c, in) : attention(c, in, ao); };
     auto ffn = [&](TensorId in) { return moe_layer ? moe(c, in) : mlp(c, in, dense_mlp_opts(c, s.intermediate)); };
-    (void)kind;
 
     if (s.post_norm) {
         // BERT / OPT (do_layer_norm_before=False): LayerNorm after each residual add.
@@ -757,7 +752,7 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
             B.block().checkpointable = true;
             Ctx c{s, n, B, g.notes, act};
             TensorId x = B.input("hidden_states", Extent::per_token(h), ActRole::Stream);
-            x = layer(c, x, sparse ? Kind::Moe : Kind::Dense, sparse);
+            x = layer(c, x, sparse);
             g.blocks.push_back(B.finish(x));
             i = j + 1;
         }
