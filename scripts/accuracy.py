@@ -29,7 +29,10 @@ def bert_large_args(m):
     args = ["bert-large-uncased", "--gpu", "V100-16GB", "--seq", str(m["seq_len"]), "--batch", str(m["batch_size"]),
             "--grad-accum", str(m.get("grad_accum", 1)), "--attention", "eager",
             # The same source measured this machine's CUDA context: 1343 MiB.
-            "--cuda-context", "1343MiB"]
+            "--cuda-context", "1343MiB",
+            # 2022 stack (torch 1.x, transformers' Trainer): zero_grad() kept
+            # gradients (set_to_none=False) and optimizers ran a per-parameter loop.
+            "--zero-grad", "zero", "--optimizer-impl", "for-loop"]
     args += ["--precision", "amp-fp16" if "fp16" in dtype else "fp32"]
     if "Adafactor" in opt:
         args += ["--optimizer", "adafactor"]

@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     auto* est = app.add_subcommand("estimate", "per-GPU memory of a training or inference job, part by part");
     est->add_option("model", model, "preset name, config.json, model folder or layer-list JSON");
     est->add_option("--params", params_text, "a parameter count only (model states only), e.g. 7B");
+    std::string optimizer_impl = "foreach", zero_grad = "set-to-none";
     std::string mode = "train", precision, optimizer = "adamw", recompute = "none", attention = "flash", quant, kv_dtype,
                 lora_targets, gpu = "H100-80GB", gpu_memory, cuda_context;
     std::int64_t batch = 1, grad_accum = 1, lora_rank = 16, gen_len = 0;
@@ -73,6 +74,8 @@ int main(int argc, char** argv) {
     est->add_option("--grad-accum", grad_accum, "gradient accumulation steps")->capture_default_str();
     est->add_option("--precision", precision, "fp32|fp16|bf16|amp-fp16|amp-bf16 (default amp-bf16 train, bf16 infer)");
     est->add_option("--optimizer", optimizer, "sgd|sgd-momentum|adam|adamw|adamw-8bit|adafactor|lion")->capture_default_str();
+    est->add_option("--optimizer-impl", optimizer_impl, "foreach|fused|for-loop (torch.optim implementation)")->capture_default_str();
+    est->add_option("--zero-grad", zero_grad, "set-to-none|zero (PyTorch >= 2.0 frees gradients; 1.x zeroes them)")->capture_default_str();
     est->add_option("--recompute", recompute, "none|selective|full")->capture_default_str();
     est->add_option("--attention", attention, "eager|flash")->capture_default_str();
     est->add_option("--lora-rank", lora_rank, "LoRA rank")->capture_default_str();
@@ -124,6 +127,8 @@ int main(int argc, char** argv) {
         if (!precision.empty()) req.precision = unwrap(parse_precision(precision));
         req.optimizer = unwrap(parse_optimizer(optimizer));
         req.recompute = unwrap(parse_recompute(recompute));
+        req.optimizer_impl = unwrap(parse_optimizer_impl(optimizer_impl));
+        req.zero_grad = unwrap(parse_zero_grad(zero_grad));
         req.attention = unwrap(parse_attention(attention));
         req.lora_rank = lora_rank;
         req.lora_targets = split_commas(lora_targets);

@@ -11,6 +11,7 @@ DType resolve_role(ActRole role, const ActivationContext& ctx) {
         case ActRole::Float32: return DType::F32;
         case ActRole::Index64: return DType::I64;
         case ActRole::Mask8: return DType::Bool;
+        case ActRole::Upcast: return ctx.autocast ? DType::F32 : ctx.lowered;
     }
     return ctx.stream;
 }
@@ -67,7 +68,7 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         }
     }
     if (n > 0) rg[0] = input_rg ? 1 : 0;
-    const bool autocast = ctx.stream != ctx.lowered;
+    const bool autocast = ctx.autocast;
     const bool fused_core = ctx.attention == Attention::Flash || ctx.recompute == Recompute::Selective;
 
     auto mark = [&](TensorId t, Bytes* bucket) {
@@ -80,7 +81,7 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
     auto save_cast = [&](TensorId t, Bytes* bucket) {
         // Autocast casts an fp32 input of a lowered op to 16 bits; the op
         // saves its own cast (no cache for non-leaf tensors).
-        if (autocast && dt[static_cast<std::size_t>(t)] == DType::F32) {
+        if (autocast && dt[static_cast<std::size_t>(t)] != ctx.lowered) {
             const Bytes b = dtype_bytes(ctx.lowered, blk.tensors[static_cast<std::size_t>(t)].extent.elements(ctx.batch, ctx.seq));
             r.saved += b;
             if (bucket) *bucket += b;
@@ -176,6 +177,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             ba.per_instance = in;
             res.saved += in * blk.repeat;
             res.recompute_transient = max(res.recompute_transient, rest.saved + rest.largest);
+            res.autocast_cache_unsaved += first.weight_casts + rest.weight_casts * more;
             prev_saves_output = false;
         } else {
             Bytes total = first.saved + rest.saved * more;

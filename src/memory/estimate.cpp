@@ -202,7 +202,6 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         Bytes weights;
         std::vector<TrainTensor> trainable;
         std::int64_t trainable_params = 0;
-        std::int64_t largest_param = 0;
         if (g.params_only > 0) {
             weights = dtype_bytes(wdt, g.params_only);
             if (!lora) {
@@ -214,9 +213,6 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             for (const auto& b : g.blocks)
                 for (const auto& p : b.params) {
                     weights += quantized_bytes(quant, p, wdt) * b.repeat;
-                    std::int64_t per = 1;
-                    for (auto d : p.shape) per = checked_mul(per, d);
-                    largest_param = std::max(largest_param, per);
                     if (train && !lora && p.trainable) {
                         trainable.push_back({p.shape, checked_mul(p.count, b.repeat)});
                         trainable_params = checked_add(trainable_params, checked_mul(p.numel(), b.repeat));
@@ -276,6 +272,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         actx.stream = (lora && prec != Precision::FP32) ? (amp ? DType::F32 : half) : stream;
         if (lora && amp) actx.stream = half;  // 16-bit base: the residual stream is 16-bit
         actx.lowered = lowered;
+        actx.autocast = amp;
         actx.recompute = req.recompute;
         actx.attention = req.attention;
         actx.train_base = !lora;
@@ -301,30 +298,33 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         const TransformerDims* td = g.transformer ? &*g.transformer : nullptr;
         if (train) {
             pg.activations = act.saved;
-            const Bytes g_acc = req.grad_accum > 1 ? grads : Bytes(0);
+            const bool grads_persist = req.grad_accum > 1 || req.zero_grad == ZeroGrad::Zero;
+            const Bytes g_acc = grads_persist ? grads : Bytes(0);
             // Loss head: logits -> .float() -> log_softmax (saved); backward
             // materializes fp32 grads of log_softmax's output and input.
             Bytes logits_fp32;
             if (td && act.logits > Bytes(0))
                 logits_fp32 = dtype_bytes(DType::F32, checked_mul(checked_mul(req.batch, seq), td->vocab));
-            const Bytes t_fwd = act.logits + (actx.lowered != DType::F32 ? logits_fp32 : Bytes(0));
+            const Bytes t_fwd = act.logits + (actx.lowered != DType::F32 ? logits_fp32 : Bytes(0)) + act.autocast_cache_unsaved;
             const Bytes t_bwd = max(logits_fp32 * 2 + (actx.lowered != DType::F32 ? act.logits : Bytes(0)),
                                     act.largest_tensor * 2) +
                                 act.recompute_transient;
-            Bytes t_opt;
-            switch (req.optimizer) {
-                case Optimizer::Adam:
-                case Optimizer::AdamW:
-                case Optimizer::Lion:
-                    // foreach implementation (default on CUDA): _foreach_sqrt /
-                    // _foreach_sign allocate one state-sized list at once.
-                    t_opt = dtype_bytes(state_dt, trainable_params);
-                    break;
-                case Optimizer::Adafactor:
-                    t_opt = dtype_bytes(DType::F32, checked_mul(3, lora ? 0 : largest_param));
-                    break;
-                default: break;
+            // Optimizer temporaries (torch/optim/adam.py): foreach allocates
+            // one state-sized list at once (_foreach_sqrt of exp_avg_sq; Lion's
+            // _foreach_sign); the for-loop path two temporaries of one tensor
+            // (sqrt, then the division); fused kernels none. bitsandbytes and
+            // Adafactor work tensor by tensor (Adafactor: update, grad^2, rms).
+            std::int64_t largest_trainable = 0;
+            for (const auto& t : trainable) {
+                std::int64_t per = 1;
+                for (auto d : t.shape) per = checked_mul(per, d);
+                largest_trainable = std::max(largest_trainable, per);
             }
+            Bytes t_opt;
+            const bool adam_like = req.optimizer == Optimizer::Adam || req.optimizer == Optimizer::AdamW || req.optimizer == Optimizer::Lion;
+            if (adam_like && req.optimizer_impl == OptimizerImpl::Foreach) t_opt = dtype_bytes(state_dt, trainable_params);
+            else if (adam_like && req.optimizer_impl == OptimizerImpl::ForLoop) t_opt = dtype_bytes(state_dt, checked_mul(2, largest_trainable));
+            else if (req.optimizer == Optimizer::Adafactor) t_opt = dtype_bytes(DType::F32, checked_mul(3, largest_trainable));
             const Bytes states = weights + pg.optimizer_states;
             const Bytes fwd = states + g_acc + pg.activations + t_fwd;
             const Bytes bwd = states + g_acc + pg.activations + t_bwd;
@@ -346,7 +346,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             out.breakdown.push_back({"master_weights", "fp32 master weights", master, master > Bytes(0) ? "fp16 training keeps an fp32 copy" : "none"});
             out.breakdown.push_back({"gradients", "gradients", grads_live,
                                      std::string(dtype_name(tdt)) + (grads_live == grads ? "" : ", freed before this phase (set_to_none)") +
-                                         (req.grad_accum > 1 ? ", kept across micro-batches" : "")});
+                                         (req.grad_accum > 1 ? ", kept across micro-batches" : (grads_persist ? ", kept (zero_grad without set_to_none)" : ""))});
             out.breakdown.push_back({"optimizer_states", "optimizer states", opt_states,
                                      std::string(to_string(req.optimizer)) + ", " + std::string(dtype_name(state_dt))});
             out.breakdown.push_back({"activations", "activations (saved for backward)", act_live_b - (act_live ? act.autocast_weight_casts + act.lora_adapters : Bytes(0)),
@@ -396,17 +396,18 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         out.breakdown.push_back({"cublas_workspace", "cuBLAS workspaces", cublas,
                                  std::to_string(cublas_handles) + " x " + format_bytes(out.gpu.cublas_workspace)});
 
-        // Caching allocator: blocks freed by earlier phases stay reserved; the
-        // analytic model keeps the largest transient block cached plus 2 MiB
-        // segment rounding per large live tensor group (issue 3 simulates it).
-        Bytes overhead = max(pg.transient, act.largest_tensor);
-        overhead = overhead.round_up(MiB(2).count());
+        // Caching allocator: blocks freed earlier stay reserved and a new
+        // request that fits no cached block gets a fresh segment. The analytic
+        // path keeps one largest-tensor-sized block cached (rounded to the 2 MiB
+        // segment granularity); fragmentation beyond that needs the step
+        // simulator (issue 3).
+        const Bytes overhead = act.largest_tensor.round_up(MiB(2).count());
         pg.allocator_overhead = overhead;
         pg.peak_reserved = pg.peak_allocated + overhead;
         pg.cuda_context = req.cuda_context.value_or(out.gpu.cuda_context);
         pg.total_device = pg.peak_reserved + pg.cuda_context;
         pg.fits = pg.total_device <= capacity;
-        out.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", overhead, "largest transient block kept cached, 2 MiB segments"});
+        out.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", overhead, "one largest-tensor block kept cached, 2 MiB segments"});
         out.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", pg.cuda_context,
                                  req.cuda_context ? "--cuda-context" : "default for " + out.gpu.name + " with lazy module loading"});
         // Invariant: rows sum to the total.
@@ -419,8 +420,9 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         out.assumptions.push_back(std::string("precision ") + to_string(prec) + ": weights " + std::string(dtype_name(wdt)) +
                                   ", activations " + std::string(dtype_name(actx.stream)) + "/" + std::string(dtype_name(lowered)));
         if (train) {
-            out.assumptions.push_back(std::string("optimizer ") + to_string(req.optimizer) + " (PyTorch foreach implementation), states " + std::string(dtype_name(state_dt)));
-            out.assumptions.push_back("zero_grad(set_to_none=True): gradients exist from backward to the optimizer step");
+            out.assumptions.push_back(std::string("optimizer ") + to_string(req.optimizer) + " (" + to_string(req.optimizer_impl) + " implementation), states " + std::string(dtype_name(state_dt)));
+            out.assumptions.push_back(req.zero_grad == ZeroGrad::SetToNone ? "zero_grad(set_to_none=True): gradients exist from backward to the optimizer step"
+                                                                           : "zero_grad(set_to_none=False): gradients stay allocated between steps");
         }
         out.assumptions.push_back(std::string("attention ") + to_string(req.attention) + (req.attention == Attention::Flash ? " (SDPA/flash: no s^2 scores kept)" : " (scores and softmax kept)"));
         out.assumptions.push_back("CUDA context " + format_bytes(pg.cuda_context) + " (nvidia-smi minus reserved; override with --cuda-context)");

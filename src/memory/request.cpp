@@ -39,7 +39,14 @@ constexpr std::array<std::pair<const char*, Optimizer>, 7> kOptimizers{{{"sgd", 
 constexpr std::array<std::pair<const char*, Recompute>, 3> kRecompute{{{"none", Recompute::None}, {"selective", Recompute::Selective}, {"full", Recompute::Full}}};
 constexpr std::array<std::pair<const char*, Attention>, 2> kAttention{{{"eager", Attention::Eager}, {"flash", Attention::Flash}}};
 constexpr std::array<std::pair<const char*, Quant>, 4> kQuant{{{"none", Quant::None}, {"int8", Quant::Int8}, {"int4", Quant::Int4}, {"nf4", Quant::NF4}}};
+constexpr std::array<std::pair<const char*, OptimizerImpl>, 3> kImpl{{{"foreach", OptimizerImpl::Foreach}, {"fused", OptimizerImpl::Fused}, {"for-loop", OptimizerImpl::ForLoop}}};
+constexpr std::array<std::pair<const char*, ZeroGrad>, 2> kZeroGrad{{{"set-to-none", ZeroGrad::SetToNone}, {"zero", ZeroGrad::Zero}}};
 }  // namespace
+
+const char* to_string(OptimizerImpl v) { return enum_name(v, kImpl); }
+const char* to_string(ZeroGrad v) { return enum_name(v, kZeroGrad); }
+Result<OptimizerImpl> parse_optimizer_impl(std::string_view s) { return parse_enum(s, kImpl, "optimizer-impl"); }
+Result<ZeroGrad> parse_zero_grad(std::string_view s) { return parse_enum(s, kZeroGrad, "zero-grad"); }
 
 const char* to_string(Mode v) { return enum_name(v, kModes); }
 const char* to_string(Precision v) { return enum_name(v, kPrecisions); }
@@ -140,6 +147,8 @@ Result<EstimateRequest> request_from_json(const nlohmann::json& body) {
             else if (k == "grad-accum") r.grad_accum = json_int(v, k);
             else if (k == "precision") r.precision = take(parse_precision(json_str(v, k)));
             else if (k == "optimizer") r.optimizer = take(parse_optimizer(json_str(v, k)));
+            else if (k == "optimizer-impl") r.optimizer_impl = take(parse_optimizer_impl(json_str(v, k)));
+            else if (k == "zero-grad") r.zero_grad = take(parse_zero_grad(json_str(v, k)));
             else if (k == "recompute") r.recompute = take(parse_recompute(json_str(v, k)));
             else if (k == "attention") r.attention = take(parse_attention(json_str(v, k)));
             else if (k == "lora-rank") r.lora_rank = json_int(v, k);
@@ -180,6 +189,8 @@ nlohmann::json request_to_json(const EstimateRequest& r) {
     j["grad_accum"] = r.grad_accum;
     if (r.precision) j["precision"] = to_string(*r.precision);
     j["optimizer"] = to_string(r.optimizer);
+    j["optimizer_impl"] = to_string(r.optimizer_impl);
+    j["zero_grad"] = to_string(r.zero_grad);
     j["recompute"] = to_string(r.recompute);
     j["attention"] = to_string(r.attention);
     if (r.mode == Mode::Lora || r.mode == Mode::QLora) {

@@ -128,7 +128,7 @@ TensorId BlockBuilder::layernorm(TensorId x, std::int64_t dim, bool bias, const 
     const Extent rows = extent_div(info(x).extent, dim);
     const TensorId mean = tensor(name + ".mean", rows, ActRole::Float32);
     const TensorId rstd = tensor(name + ".rstd", rows, ActRole::Float32);
-    const TensorId out = tensor(name, info(x).extent, ActRole::Stream);
+    const TensorId out = tensor(name, info(x).extent, ActRole::Upcast);
     Op& o = op(OpKind::LayerNorm, name, {x}, {out}, {{x, false}, {mean, false}, {rstd, false}});
     o.flops = extent_mul(info(x).extent, 8);
     if (add_param) {
@@ -266,7 +266,7 @@ TensorId BlockBuilder::cross_entropy(TensorId logits, Extent logits_extent, Exte
                                      const std::string& name) {
     const TensorId labels = data(name + ".labels", rows, ActRole::Index64);
     const TensorId lf = upcast_fp32 ? cast(logits, ActRole::Float32, name + ".logits_float") : logits;
-    const TensorId logp = tensor(name + ".log_softmax", logits_extent, upcast_fp32 ? ActRole::Float32 : info(lf).role);
+    const TensorId logp = tensor(name + ".log_softmax", logits_extent, upcast_fp32 ? ActRole::Float32 : ActRole::Upcast);
     Op& ls = op(OpKind::Softmax, name + ".log_softmax", {lf}, {logp}, {{logp, false}});
     ls.flops = extent_mul(logits_extent, 5);
     const TensorId loss = tensor(name, {}, ActRole::Float32);

@@ -386,8 +386,8 @@ ModelGraph LayerListLoader::load() {
                     notes_.push_back("layers[" + std::to_string(idx_) +
                                      "] softmax: dim other than -1 has the same "
                                      "memory; modelled as dim -1");
-                // softmax saves its output; under autocast it runs in fp32 (the Stream role).
-                cur = b.softmax(cur, name, ActRole::Stream);
+                // softmax saves its output; under autocast it runs in fp32 (the Upcast role).
+                cur = b.softmax(cur, name, ActRole::Upcast);
             } else if (t == "multihead_attention") {
                 need_float();
                 if (shape_.size() != 2)

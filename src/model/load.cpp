@@ -204,7 +204,7 @@ DType config_weight_dtype(const json& config, std::vector<std::string>& notes) {
             return DType::F32;
         }
     }
-    notes.push_back("config.json has no torch_dtype; weights assumed float32");
+    notes.push_back("config.json has no torch_dtype: stored weights listed as float32 (gpumem params; estimates use --precision)");
     return DType::F32;
 }
 

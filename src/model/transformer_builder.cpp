@@ -283,7 +283,7 @@ TensorId core(Ctx& c, TensorId q, TensorId k, TensorId v, const CoreOpts& o) {
         x = B.cast(x, ActRole::Lowered, p + ".softmax_to_dtype");
         B.block().ops.back().flags = kAttnCore;
     } else {
-        x = B.softmax(x, p + ".softmax", ActRole::Lowered, kAttnCore);
+        x = B.softmax(x, p + ".softmax", ActRole::Upcast, kAttnCore);
     }
     x = dropout(c, x, c.s.attn_dropout, p + ".attn_dropout", kAttnCore);
     const TensorId vm = o.v_contig ? v : B.copy(v, ve, p + ".v_contiguous", ActRole::Lowered);

@@ -33,6 +33,7 @@ struct ActivationContext {
     std::int64_t seq = 1;
     DType stream = DType::F32;   // parameter / residual-stream dtype
     DType lowered = DType::F32;  // dtype of autocast-lowered op outputs
+    bool autocast = false;       // torch.autocast active (amp-fp16 / amp-bf16)
     Recompute recompute = Recompute::None;
     Attention attention = Attention::Eager;
     bool train_base = true;      // false: base weights frozen (LoRA/QLoRA)
@@ -53,6 +54,9 @@ struct ActivationResult {
     Bytes autocast_weight_casts; // part of `saved`: cached 16-bit copies of weights
     Bytes lora_adapters;         // part of `saved`: tensors the adapters add
     Bytes recompute_transient;   // full recompute: one layer's activations rebuilt in backward
+    // Full recompute: autocast's weight-cast cache still holds every 16-bit
+    // weight copy until the forward leaves the autocast region (not saved).
+    Bytes autocast_cache_unsaved;
     Bytes largest_tensor;
     Bytes logits;                // lm_head output [b, s, V] (0 without a head)
     std::vector<BlockActivations> blocks;

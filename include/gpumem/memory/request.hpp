@@ -24,6 +24,12 @@ enum class Optimizer { SGD, SGDMomentum, Adam, AdamW, AdamW8bit, Adafactor, Lion
 enum class Recompute { None, Selective, Full };
 enum class Attention { Eager, Flash };
 enum class Quant { None, Int8, Int4, NF4 };
+// torch.optim implementations: foreach (default on CUDA since PyTorch 2.0),
+// fused, and the per-parameter for-loop (PyTorch 1.x default, HF's old AdamW).
+enum class OptimizerImpl { Foreach, Fused, ForLoop };
+// optimizer.zero_grad(set_to_none=True) (PyTorch >= 2.0 default) frees
+// gradients after each step; set_to_none=False (PyTorch 1.x) keeps them.
+enum class ZeroGrad { SetToNone, Zero };
 
 const char* to_string(Mode);
 const char* to_string(Precision);
@@ -31,6 +37,8 @@ const char* to_string(Optimizer);
 const char* to_string(Recompute);
 const char* to_string(Attention);
 const char* to_string(Quant);
+const char* to_string(OptimizerImpl);
+const char* to_string(ZeroGrad);
 
 struct EstimateRequest {
     std::string model;                 // preset name, path, or "" with params_count
@@ -41,6 +49,8 @@ struct EstimateRequest {
     std::int64_t grad_accum = 1;
     std::optional<Precision> precision;  // default: amp-bf16 for training, bf16 for inference
     Optimizer optimizer = Optimizer::AdamW;
+    OptimizerImpl optimizer_impl = OptimizerImpl::Foreach;
+    ZeroGrad zero_grad = ZeroGrad::SetToNone;
     Recompute recompute = Recompute::None;
     Attention attention = Attention::Flash;
     std::int64_t lora_rank = 16;
@@ -61,6 +71,8 @@ Result<Optimizer> parse_optimizer(std::string_view s);
 Result<Recompute> parse_recompute(std::string_view s);
 Result<Attention> parse_attention(std::string_view s);
 Result<Quant> parse_quant(std::string_view s);
+Result<OptimizerImpl> parse_optimizer_impl(std::string_view s);
+Result<ZeroGrad> parse_zero_grad(std::string_view s);
 // "24GiB", "80GB", "1.5 TiB", "512MiB", "1073741824" -> bytes.
 Result<Bytes> parse_size(std::string_view s, std::string_view field);
 

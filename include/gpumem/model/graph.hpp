@@ -60,6 +60,8 @@ enum class ActRole : std::uint8_t {
     Float32,  // always fp32 (norm statistics, explicit .float() upcasts, fp32 logits)
     Index64,  // int64 (token ids, labels, max-pool indices)
     Mask8,    // 1-byte bool/uint8 (dropout masks)
+    Upcast,   // ops autocast runs in fp32 (softmax, log_softmax, layer_norm): fp32 under
+              // autocast, the lowered dtype otherwise (torch autocast op lists)
 };
 
 using TensorId = std::int32_t;

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Regenerates the README's generated blocks from the real binary so the docs
+cannot drift: the example output, the accuracy table and the benchmark table.
+
+Usage: python3 scripts/update-readme.py [--build build] [--no-bench]
+"""
+import argparse
+import os
+import re
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = ["estimate", "llama-3-8b", "--mode", "train", "--batch", "4", "--seq", "4096", "--gpu", "A100-80GB"]
+
+
+def replace_block(text, name, body):
+    b, e = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
+    i, j = text.index(b) + len(b), text.index(e)
+    return text[:i] + body + text[j:]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--no-bench", action="store_true")
+    a = ap.parse_args()
+    gpumem = os.path.join(a.build, "gpumem")
+    path = os.path.join(ROOT, "README.md")
+    text = open(path).read()
+    out = subprocess.run([gpumem, *EXAMPLE], capture_output=True, text=True, check=True).stdout
+    text = replace_block(text, "example", "```\n$ gpumem " + " ".join(EXAMPLE) + "\n" + out + "```\n")
+    acc = subprocess.run(["python3", os.path.join(ROOT, "scripts/accuracy.py"), "--gpumem", gpumem],
+                         capture_output=True, text=True, check=True).stdout
+    text = replace_block(text, "accuracy", acc)
+    if not a.no_bench:
+        bench = subprocess.run([os.path.join(a.build, "bench/gpumem_bench"), "--benchmark_repetitions=3",
+                                "--benchmark_report_aggregates_only=true"], capture_output=True, text=True, check=True).stdout
+        rows = ["| benchmark | median time |", "|---|---:|"]
+        for line in bench.splitlines():
+            m = re.match(r"(BM_\w+)_median\s+([\d.]+ \w+)", line)
+            if m:
+                rows.append(f"| {m.group(1)} | {m.group(2)} |")
+        text = replace_block(text, "bench", "Measured with `build/bench/gpumem_bench` (Google Benchmark, Release build, "
+                             "2-core CI machine):\n\n" + "\n".join(rows) + "\n")
+    open(path, "w").write(text)
+
+
+if __name__ == "__main__":
+    main()
