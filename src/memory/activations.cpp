@@ -135,12 +135,18 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
     if (fused_core) {
         for (const AttentionSite& a : blk.attention) {
             if (a.q < 0 || !rg[static_cast<std::size_t>(a.q)]) continue;
-            mark(a.q, nullptr);
-            mark(a.k, nullptr);
-            mark(a.v, nullptr);
             if (ctx.attention == Attention::Flash) {
+                // SDPA is an autocast-lowered op: it saves 16-bit q, k, v.
+                save_cast(a.q, nullptr);
+                save_cast(a.k, nullptr);
+                save_cast(a.v, nullptr);
                 mark(a.out, nullptr);
                 r.saved += dtype_bytes(DType::F32, checked_mul(checked_mul(ctx.batch, a.heads), ctx.seq));
+            } else {
+                // Selective recompute: the checkpointed core keeps its inputs.
+                mark(a.q, nullptr);
+                mark(a.k, nullptr);
+                mark(a.v, nullptr);
             }
         }
     }

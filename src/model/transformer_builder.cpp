@@ -289,6 +289,8 @@ TensorId core(Ctx& c, TensorId q, TensorId k, TensorId v, const CoreOpts& o) {
     const TensorId vm = o.v_contig ? v : B.copy(v, ve, p + ".v_contiguous", ActRole::Lowered);
     const TensorId out = B.matmul(x, vm, ve, 0, p + ".attn_v", true, true, kAttnCore);
     B.block().ops.back().flops = Extent::per_token2(2 * o.heads * o.v_dim);
+    // Fused kernels (SDPA/flash) and selective recompute keep q, k, v (+ out) instead.
+    B.mark_attention(q, k, v, out, o.heads);
     // attn_output.transpose(1, 2).contiguous().reshape(b, s, -1)
     return B.copy(out, ve, p + ".transpose_contiguous", ActRole::Lowered);
 }
