@@ -6,7 +6,7 @@
 // (no 2:4 sparsity) tensor-core numbers. The CUDA context is what nvidia-smi
 // shows beyond the caching allocator's reserved memory; defaults assume
 // PyTorch >= 2.0 with CUDA lazy module loading and are overridable
-// (--cuda-context), see docs/assumptions.md.
+// (--cuda-context); see docs/assumptions.md.
 #pragma once
 
 #include <string>
