@@ -23,16 +23,11 @@ nlohmann::json read_json_file(const std::string& path);
 // Short kind name of a JSON value for messages ("string", "number", ...).
 const char* json_kind(const nlohmann::json& j);
 
-// Like capture(), for bodies that already return a Result<T>: converts
-// InputError / OverflowError / nlohmann type errors thrown inside into an Error.
+// capture() that also converts nlohmann's type/range errors into an Error.
 template <class F>
-auto guard(F&& f) -> decltype(f()) {
+auto guard(F&& f) -> decltype(capture(std::forward<F>(f))) {
     try {
-        return f();
-    } catch (const InputError& e) {
-        return e.error();
-    } catch (const OverflowError& e) {
-        return Error{ErrorCode::Overflow, std::string("size overflows 64 bits: ") + e.what(), ""};
+        return capture(std::forward<F>(f));
     } catch (const nlohmann::json::exception& e) {
         return Error{ErrorCode::ParseError, std::string("unexpected JSON value: ") + e.what(), ""};
     }

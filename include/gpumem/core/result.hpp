@@ -69,18 +69,21 @@ private:
     std::variant<T, Error> v_;
 };
 
-// Runs f(); converts InputError / OverflowError / nlohmann parse errors thrown
-// inside into an Error. Defined in result.cpp.
-template <class F>
-auto capture(F&& f) -> Result<decltype(f())>;
+// The Result type capture() returns for a body returning T: Result<T>, or T
+// itself when the body already returns a Result.
+template <class T>
+struct CaptureResult { using type = Result<T>; };
+template <class T>
+struct CaptureResult<Result<T>> { using type = Result<T>; };
 
 }  // namespace gpumem
 
 #include "gpumem/core/bytes.hpp"
 
 namespace gpumem {
+// Runs f(); converts InputError and OverflowError thrown inside into an Error.
 template <class F>
-auto capture(F&& f) -> Result<decltype(f())> {
+auto capture(F&& f) -> typename CaptureResult<decltype(f())>::type {
     try {
         return f();
     } catch (const InputError& e) {
