@@ -100,3 +100,17 @@ TEST(SeedToyMlp, ParamsAndAdamState) {
     auto r2 = estimate(g.value(), req);
     EXPECT_EQ(r2.value().per_gpu.cublas_workspace.count(), 2 * 8519680LL);
 }
+
+// GPTBigCode (StarCoder/octocoder): nn.Linear projections, multi-query
+// attention (c_attn: h -> h + 2*head_dim), learned positions, tied head.
+// Counted from modeling_gpt_bigcode.py's modules; StarCoder's card says 15.5B.
+TEST(GptBigCode, OctocoderParameterCount) {
+    auto g = load_model("octocoder");
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    const std::int64_t V = 49152, P = 8192, h = 6144, d = 128, i = 24576, L = 40;
+    const std::int64_t layer = 2 * h + (h * (h + 2 * d) + h + 2 * d) + (h * h + h) + 2 * h + (h * i + i) + (i * h + h);
+    EXPECT_EQ(g.value().total_params(), V * h + P * h + L * layer + 2 * h);
+    EXPECT_NEAR(static_cast<double>(g.value().total_params()) / 15.5e9, 1.0, 0.005);
+    // MQA: one K/V head of 128 per layer in the cache.
+    EXPECT_EQ(g.value().transformer->kv_elements_per_token, L * 2 * 1 * d);
+}

@@ -169,7 +169,7 @@ std::int64_t saved_bytes_fp32(const Block& b, std::int64_t batch) {
 TEST(Presets, ListHasEveryGroundTruthModel) {
     const json gt = read_json(kSrc + "/tests/fixtures/groundtruth/param_counts.json");
     const auto& ps = presets();
-    ASSERT_EQ(ps.size(), gt.size());
+    ASSERT_GE(ps.size(), gt.size());  // the ground-truth models plus extra presets (octocoder)
     EXPECT_TRUE(std::is_sorted(ps.begin(), ps.end(), [](const auto& a, const auto& b) { return a.name < b.name; }));
     for (const auto& [name, entry] : gt.items()) {
         auto it = std::find_if(ps.begin(), ps.end(), [&](const PresetInfo& p) { return p.name == name; });

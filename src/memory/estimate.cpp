@@ -201,6 +201,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         const Quant quant = *req.quant;
         Bytes weights;
         std::vector<TrainTensor> trainable;
+        std::int64_t largest_linear = 0;  // elements of the largest quantizable weight
         std::int64_t trainable_params = 0;
         if (g.params_only > 0) {
             weights = dtype_bytes(wdt, g.params_only);
@@ -213,6 +214,8 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             for (const auto& b : g.blocks)
                 for (const auto& p : b.params) {
                     weights += quantized_bytes(quant, p, wdt) * b.repeat;
+                    if (p.linear_weight && p.module != "lm_head" && p.shape.size() == 2)
+                        largest_linear = std::max(largest_linear, checked_mul(p.shape[0], p.shape[1]));
                     if (train && !lora && p.trainable) {
                         trainable.push_back({p.shape, checked_mul(p.count, b.repeat)});
                         trainable_params = checked_add(trainable_params, checked_mul(p.numel(), b.repeat));
@@ -243,6 +246,12 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             }
         }
         out.trainable_params = trainable_params;
+        // bitsandbytes 4-bit matmuls dequantize the whole weight to the compute
+        // dtype for each call (bnb.functional.dequantize_4bit): one layer's worth
+        // is in flight at a time. LLM.int8 multiplies in int8 and does not.
+        const Bytes dequant = (quant == Quant::NF4 || quant == Quant::Int4)
+                                  ? dtype_bytes(prec == Precision::FP32 ? DType::F32 : half, largest_linear)
+                                  : Bytes(0);
         // Adapters are kept in fp32 under autocast (PEFT autocast_adapter_dtype).
         const DType tdt = lora ? (amp || prec == Precision::FP32 ? DType::F32 : half) : wdt;
         Bytes adapter_weights;
@@ -305,8 +314,8 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             Bytes logits_fp32;
             if (td && act.logits > Bytes(0))
                 logits_fp32 = dtype_bytes(DType::F32, checked_mul(checked_mul(req.batch, seq), td->vocab));
-            const Bytes t_fwd = act.logits + (actx.lowered != DType::F32 ? logits_fp32 : Bytes(0)) + act.autocast_cache_unsaved;
-            const Bytes t_bwd = max(logits_fp32 * 2 + (actx.lowered != DType::F32 ? act.logits : Bytes(0)),
+            const Bytes t_fwd = max(act.logits + (actx.lowered != DType::F32 ? logits_fp32 : Bytes(0)), dequant) + act.autocast_cache_unsaved;
+            const Bytes t_bwd = max(max(logits_fp32 * 2 + (actx.lowered != DType::F32 ? act.logits : Bytes(0)), dequant),
                                     act.largest_tensor * 2) +
                                 act.recompute_transient;
             // Optimizer temporaries (torch/optim/adam.py): foreach allocates
@@ -376,7 +385,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                 // Generation computes logits for the last position only (logits_to_keep=1), upcast to fp32.
                 const Bytes logits = dtype_bytes(lowered, checked_mul(req.batch, td->vocab)) +
                                      dtype_bytes(DType::F32, checked_mul(req.batch, td->vocab));
-                prefill = hidden + max(attn_tmp, mlp_tmp) + logits;
+                prefill = hidden + max(max(attn_tmp, mlp_tmp), dequant) + logits;
                 out.assumptions.push_back("KV cache: " + std::to_string(td->kv_elements_per_token) + " elements per token (all layers), " +
                                           std::string(dtype_name(kvdt)) + ", prompt " + std::to_string(seq) + " + " + std::to_string(req.gen_len) + " generated");
             } else if (g.params_only == 0) {

@@ -77,6 +77,14 @@ Names names_for(const S& s) {
         n.final_norm = "ln_f";
         n.conv1d = true;
         n.softmax_fp32 = false;
+    } else if (t == "gpt_bigcode") {
+        n.embed = "wte";
+        n.pos = "wpe";
+        n.attn = {"attn", "", "", "", "attn.c_attn", "attn.c_proj", "", ""};
+        n.ln1 = "ln_1";
+        n.ln2 = "ln_2";
+        n.mlp = {"mlp.c_fc", "", "mlp.c_proj", ""};
+        n.final_norm = "ln_f";
     } else if (t == "bert" || t == "roberta") {
         n.embed = "embeddings.word_embeddings";
         n.pos = "embeddings.position_embeddings";
