@@ -114,3 +114,21 @@ TEST(GptBigCode, OctocoderParameterCount) {
     // MQA: one K/V head of 128 per layer in the cache.
     EXPECT_EQ(g.value().transformer->kv_elements_per_token, L * 2 * 1 * d);
 }
+
+// PEFT wraps every nn.Linear for "all-linear" (lm_head excepted), including
+// each of Mixtral's 8 experts (w1, w2, w3) and the router gate.
+TEST(Lora, MixtralAllLinearCountsEveryExpert) {
+    EstimateRequest req;
+    req.model = "mixtral-8x7b";
+    req.mode = Mode::QLora;
+    req.lora_rank = 16;
+    req.lora_targets = {"all-linear"};
+    req.seq = 512;
+    auto r = estimate(req);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const std::int64_t h = 4096, kv = 1024, i = 14336, E = 8, R = 16, L = 32;
+    const std::int64_t attn = R * (h + h) + 2 * R * (h + kv) + R * (h + h);
+    const std::int64_t gate = R * (h + E);
+    const std::int64_t experts = E * 3 * R * (h + i);
+    EXPECT_EQ(r.value().trainable_params, L * (attn + gate + experts));
+}

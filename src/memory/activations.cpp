@@ -40,6 +40,7 @@ struct InstanceResult {
     bool saves_input = false;
     bool saves_output = false;
     bool output_rg = false;
+    std::vector<std::pair<std::string, Bytes>> shared;  // saved tensors counted once per model
 };
 
 bool is_lora_target(const Op& op, const ActivationContext& ctx) { return lora_applies(op, ctx.lora_targets); }
@@ -75,6 +76,10 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         const auto s = static_cast<std::size_t>(storage[static_cast<std::size_t>(t)]);
         if (marked[s]) return;
         marked[s] = 1;
+        if (!blk.tensors[s].shared_key.empty()) {
+            r.shared.emplace_back(blk.tensors[s].shared_key, bytes[s]);
+            return;
+        }
         r.saved += bytes[s];
         if (bucket) *bucket += bytes[s];
     };
@@ -165,6 +170,7 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
 
 ActivationResult saved_activations(const ModelGraph& g, const ActivationContext& ctx) {
     ActivationResult res;
+    std::vector<std::string> shared_seen;
     bool rg = false;
     bool prev_saves_output = false;
     for (const Block& blk : g.blocks) {
@@ -196,6 +202,12 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             res.lora_adapters += first.lora + rest.lora * more;
             prev_saves_output = rest.saves_output;
         }
+        for (const auto* inst : {&first, &rest})
+            for (const auto& [key, b] : inst->shared)
+                if (std::find(shared_seen.begin(), shared_seen.end(), key) == shared_seen.end()) {
+                    shared_seen.push_back(key);
+                    res.saved += b;
+                }
         ba.largest_tensor = max(first.largest, rest.largest);
         ba.working_set = rest.working_set;
         res.largest_tensor = max(res.largest_tensor, ba.largest_tensor);

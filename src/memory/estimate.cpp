@@ -171,6 +171,13 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         if (req.gpu_memory) out.gpu.memory = *req.gpu_memory;
 
         std::int64_t seq = 1;
+        try {
+            if (req.seq) (void)Extent::per_token2(1).elements(req.batch, checked_add(*req.seq, req.gen_len));
+        } catch (const OverflowError&) {
+            fail(ErrorCode::Overflow, "batch",
+                 "--batch " + std::to_string(req.batch) + " with --seq " + std::to_string(*req.seq) +
+                     ": tensor sizes overflow 64 bits; use a smaller batch or sequence");
+        }
         if (g.has_sequence) {
             const std::int64_t def = g.max_positions > 0 ? std::min<std::int64_t>(2048, g.max_positions) : 2048;
             seq = req.seq.value_or(def);
@@ -225,10 +232,14 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                 for (const auto& b : g.blocks)
                     for (const auto& op : b.ops)
                         if (lora_applies(op, req.lora_targets)) {
-                            trainable.push_back({{req.lora_rank, op.in_features}, b.repeat});
-                            trainable.push_back({{op.out_features, req.lora_rank}, b.repeat});
+                            // A linear op standing for E routed experts (weights with
+                            // count E) gets one adapter per expert, as PEFT wraps each.
+                            const std::int64_t copies = checked_mul(
+                                b.repeat, op.params.empty() ? 1 : b.params[static_cast<std::size_t>(op.params.front())].count);
+                            trainable.push_back({{req.lora_rank, op.in_features}, copies});
+                            trainable.push_back({{op.out_features, req.lora_rank}, copies});
                             trainable_params = checked_add(trainable_params,
-                                checked_mul(b.repeat, checked_mul(req.lora_rank, checked_add(op.in_features, op.out_features))));
+                                checked_mul(copies, checked_mul(req.lora_rank, checked_add(op.in_features, op.out_features))));
                         }
                 if (trainable_params == 0) {
                     std::string mods;

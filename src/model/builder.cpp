@@ -28,7 +28,7 @@ BlockBuilder::BlockBuilder(std::string name, std::int64_t repeat, DType param_dt
 }
 
 TensorId BlockBuilder::tensor(const std::string& name, Extent e, ActRole role, TensorId alias_of) {
-    block_.tensors.push_back(TensorInfo{name, e, role, alias_of});
+    block_.tensors.push_back(TensorInfo{name, e, role, alias_of, {}});
     return static_cast<TensorId>(block_.tensors.size() - 1);
 }
 

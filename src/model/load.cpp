@@ -393,7 +393,7 @@ void add_unattributed(ModelGraph& g, std::int64_t n) {
     }
     Block b;
     b.name = "unattributed";
-    b.tensors.push_back(TensorInfo{"(no input)", {}, ActRole::Stream, -1});
+    b.tensors.push_back(TensorInfo{"(no input)", {}, ActRole::Stream, -1, {}});
     b.params.push_back(std::move(p));
     g.blocks.insert(g.blocks.begin(), std::move(b));
 }

@@ -726,6 +726,7 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
                 TensorId x = B.input("hidden_states", Extent::per_token(h), ActRole::Stream);
                 const TensorId enc =
                     decoder ? B.data("encoder_hidden_states", Extent::per_token(h), ActRole::Stream) : -1;
+                if (enc >= 0) B.block().tensors[static_cast<std::size_t>(enc)].shared_key = "encoder_hidden_states";
                 x = t5_layer(c, x, decoder, part == 0, enc);
                 g.blocks.push_back(B.finish(x));
             }

@@ -74,6 +74,10 @@ struct TensorInfo {
     // with alias_of >= 0 shares that tensor's storage whenever both resolve to
     // the same dtype (e.g. HF RMSNorm's hidden_states.to(torch.float32)).
     TensorId alias_of = -1;
+    // A tensor produced once outside the repeated block and read by every
+    // instance (T5's encoder output in each decoder layer): counted once per
+    // model under this key, however many blocks and repeats save it.
+    std::string shared_key;
 };
 
 // A tensor autograd keeps for the backward of an op.
