@@ -74,6 +74,15 @@ def rows(gpumem):
             out.append((mid, "memory_allocated MiB (weights)", m["value"], predicted, "gpumem estimate " + " ".join(args) + " (per_gpu.weights)"))
         else:
             out.append((mid, m.get("metric", ""), m["value"], None, "not expressible: " + not_expressible_reason(m)))
+    for s in gt["seed_notes"]:
+        if s["id"] == "cn-toy-mlp-fp32":
+            # First training step of seed 000's loop: no optimizer state yet, the
+            # peak is in backward (max_memory_allocated, MiB).
+            args = ["tests/fixtures/models/toy_mlp.json", "--batch", "10240", "--precision", "fp32", "--optimizer", "sgd",
+                    "--gpu", "A100-80GB"]
+            est = run(gpumem, [os.path.join(ROOT, args[0])] + args[1:])
+            out.append(("seed-000-toy-mlp-peak", "max_memory_allocated MiB", s["values"]["peak"],
+                        est["per_gpu"]["peak_allocated"] / MIB, "gpumem estimate " + " ".join(args)))
     return out
 
 

@@ -34,6 +34,8 @@ struct InstanceResult {
     Bytes weight_casts;
     Bytes lora;
     Bytes largest;
+    Bytes grad_pair;  // max over ops of |grad wrt output| + |grad wrt input|
+    Bytes loss_input;
     Bytes working_set;
     Bytes input_bytes;
     Bytes output_bytes;
@@ -96,6 +98,11 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
     };
 
     for (const Op& op : blk.ops) {
+        if (!op.inputs.empty() && !op.outputs.empty() && op.kind != OpKind::Input && op.kind != OpKind::View &&
+            op.kind != OpKind::Cast)
+            r.grad_pair = max(r.grad_pair, bytes[static_cast<std::size_t>(op.outputs.front())] +
+                                               bytes[static_cast<std::size_t>(op.inputs.front())]);
+        if (op.kind == OpKind::Loss && !op.inputs.empty()) r.loss_input = bytes[static_cast<std::size_t>(op.inputs.front())];
         bool in_rg = false;
         for (auto t : op.inputs) in_rg = in_rg || rg[static_cast<std::size_t>(t)];
         const bool lora = is_lora_target(op, ctx);
@@ -208,6 +215,8 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
                     shared_seen.push_back(key);
                     res.saved += b;
                 }
+        res.backward_grad_pair = max(res.backward_grad_pair, max(first.grad_pair, rest.grad_pair));
+        if (rest.loss_input > Bytes(0)) res.loss_input = rest.loss_input;
         ba.largest_tensor = max(first.largest, rest.largest);
         ba.working_set = rest.working_set;
         res.largest_tensor = max(res.largest_tensor, ba.largest_tensor);

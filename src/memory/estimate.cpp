@@ -325,9 +325,16 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             Bytes logits_fp32;
             if (td && act.logits > Bytes(0))
                 logits_fp32 = dtype_bytes(DType::F32, checked_mul(checked_mul(req.batch, seq), td->vocab));
-            const Bytes t_fwd = max(act.logits + (actx.lowered != DType::F32 ? logits_fp32 : Bytes(0)), dequant) + act.autocast_cache_unsaved;
+            // Custom models: `out = model(x); loss = loss_fn(out); loss.backward()`
+            // keeps `out` alive through backward. HF models return logits but the
+            // Trainer drops them before backward.
+            const Bytes held_output = td ? Bytes(0) : act.loss_input;
+            if (!td && held_output > Bytes(0))
+                out.assumptions.push_back("training loop keeps the model output (" + format_bytes(held_output) + ") alive through backward");
+            const Bytes t_fwd = held_output + max(act.logits + (actx.lowered != DType::F32 ? logits_fp32 : Bytes(0)), dequant) + act.autocast_cache_unsaved;
             const Bytes t_bwd = max(max(logits_fp32 * 2 + (actx.lowered != DType::F32 ? act.logits : Bytes(0)), dequant),
-                                    act.largest_tensor * 2) +
+                                    act.backward_grad_pair) +
+                                held_output +
                                 act.recompute_transient;
             // Optimizer temporaries (torch/optim/adam.py): foreach allocates
             // one state-sized list at once (_foreach_sqrt of exp_avg_sq; Lion's
@@ -370,7 +377,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             out.breakdown.push_back({"optimizer_states", "optimizer states", opt_states,
                                      std::string(to_string(req.optimizer)) + ", " + std::string(dtype_name(state_dt))});
             out.breakdown.push_back({"activations", "activations (saved for backward)", act_live_b - (act_live ? act.autocast_weight_casts + act.lora_adapters : Bytes(0)),
-                                     act_live ? "b=" + std::to_string(req.batch) + " s=" + std::to_string(seq) + ", " + to_string(req.recompute) + " recompute, " + to_string(req.attention) + " attention" : "freed before the optimizer step"});
+                                     act_live ? "b=" + std::to_string(req.batch) + (g.has_sequence ? " s=" + std::to_string(seq) : std::string()) + ", " + to_string(req.recompute) + " recompute" + (td ? std::string(", ") + to_string(req.attention) + " attention" : std::string()) : "freed before the optimizer step"});
             if (act.autocast_weight_casts > Bytes(0))
                 out.breakdown.push_back({"autocast_weight_casts", "autocast 16-bit weight copies", act_live ? act.autocast_weight_casts : Bytes(0), "saved by matmuls for backward"});
             if (lora) out.breakdown.push_back({"lora_activations", "LoRA adapter activations", act_live ? act.lora_adapters : Bytes(0), "inputs and rank-r outputs of adapters"});
@@ -444,7 +451,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             out.assumptions.push_back(req.zero_grad == ZeroGrad::SetToNone ? "zero_grad(set_to_none=True): gradients exist from backward to the optimizer step"
                                                                            : "zero_grad(set_to_none=False): gradients stay allocated between steps");
         }
-        out.assumptions.push_back(std::string("attention ") + to_string(req.attention) + (req.attention == Attention::Flash ? " (SDPA/flash: no s^2 scores kept)" : " (scores and softmax kept)"));
+        if (td) out.assumptions.push_back(std::string("attention ") + to_string(req.attention) + (req.attention == Attention::Flash ? " (SDPA/flash: no s^2 scores kept)" : " (scores and softmax kept)"));
         out.assumptions.push_back("CUDA context " + format_bytes(pg.cuda_context) + " (nvidia-smi minus reserved; override with --cuda-context)");
         out.request = req;
         return out;

@@ -58,6 +58,10 @@ struct ActivationResult {
     // weight copy until the forward leaves the autocast region (not saved).
     Bytes autocast_cache_unsaved;
     Bytes largest_tensor;
+    // During an op's backward the gradients w.r.t. its output and its input
+    // coexist: the largest such pair over all ops.
+    Bytes backward_grad_pair;
+    Bytes loss_input;            // the tensor the loss reads (the model's output)
     Bytes logits;                // lm_head output [b, s, V] (0 without a head)
     std::vector<BlockActivations> blocks;
 };
