@@ -460,8 +460,12 @@ TransformerSpec parse(const json& j, std::string_view origin) {
     using P = TransformerSpec::Pos;
     using M = TransformerSpec::Mlp;
 
-    if (type == "gpt2") {
-        Reader r(j, origin, "GPT2Config", s);
+    if (type == "gpt2" || type == "gpt_bigcode") {
+        // configuration_gpt2.py / configuration_gpt_bigcode.py: the same GPT-2
+        // layout; GPTBigCode uses nn.Linear, gelu_pytorch_tanh and, by default,
+        // multi-query attention (one shared K/V head).
+        const bool bigcode = type == "gpt_bigcode";
+        Reader r(j, origin, bigcode ? "GPTBigCodeConfig" : "GPT2Config", s);
         s.vocab = r.integer({"vocab_size"}, 50257);
         s.max_positions = r.integer({"n_positions", "max_position_embeddings"}, 1024);
         s.hidden = r.integer({"n_embd", "hidden_size"}, 768);
@@ -470,9 +474,9 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         auto inner = r.optional_integer({"n_inner"});
         if (!inner) r.note("n_inner=None: MLP width 4*n_embd");
         s.intermediate = inner ? *inner : 4 * s.hidden;
-        s.kv_heads = s.heads;
+        s.kv_heads = (bigcode && r.boolean({"multi_query"}, true)) ? 1 : s.heads;
         s.head_dim = derive_head_dim(r, s.hidden, s.heads, "n_embd", "n_head");
-        s.act = r.string({"activation_function"}, "gelu_new");
+        s.act = r.string({"activation_function"}, bigcode ? "gelu_pytorch_tanh" : "gelu_new");
         s.resid_dropout = r.number({"resid_pdrop"}, 0.1, true);
         s.embd_dropout = r.number({"embd_pdrop"}, 0.1, true);
         s.attn_dropout = r.number({"attn_pdrop"}, 0.1, true);
@@ -483,33 +487,8 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         s.fused_qkv = true;
         s.qkv_bias = s.o_bias = s.mlp_bias = true;
         s.mlp = M::Plain;
-        pick_head(j, s, {"GPT2LMHeadModel", "GPT2Model", "", "", H::CausalLM});
-    } else if (type == "gpt_bigcode") {
-        // configuration_gpt_bigcode.py: GPT-2 layout with nn.Linear projections,
-        // multi-query attention (one shared K/V head) by default.
-        Reader r(j, origin, "GPTBigCodeConfig", s);
-        s.vocab = r.integer({"vocab_size"}, 50257);
-        s.max_positions = r.integer({"n_positions", "max_position_embeddings"}, 1024);
-        s.hidden = r.integer({"n_embd", "hidden_size"}, 768);
-        s.layers = r.integer({"n_layer", "num_hidden_layers"}, 12);
-        s.heads = r.integer({"n_head", "num_attention_heads"}, 12);
-        auto inner = r.optional_integer({"n_inner"});
-        if (!inner) r.note("n_inner=None: MLP width 4*n_embd");
-        s.intermediate = inner ? *inner : 4 * s.hidden;
-        s.kv_heads = r.boolean({"multi_query"}, true) ? 1 : s.heads;
-        s.head_dim = derive_head_dim(r, s.hidden, s.heads, "n_embd", "n_head");
-        s.act = r.string({"activation_function"}, "gelu_pytorch_tanh");
-        s.resid_dropout = r.number({"resid_pdrop"}, 0.1, true);
-        s.embd_dropout = r.number({"embd_pdrop"}, 0.1, true);
-        s.attn_dropout = r.number({"attn_pdrop"}, 0.1, true);
-        s.norm = N::LayerNorm;
-        s.norm_eps = r.number({"layer_norm_epsilon"}, 1e-5);
-        s.tie_embeddings = r.boolean({"tie_word_embeddings"}, true);
-        s.pos = P::Learned;
-        s.fused_qkv = true;
-        s.qkv_bias = s.o_bias = s.mlp_bias = true;
-        s.mlp = M::Plain;
-        pick_head(j, s, {"GPTBigCodeForCausalLM", "GPTBigCodeModel", "", "", H::CausalLM});
+        if (bigcode) pick_head(j, s, {"GPTBigCodeForCausalLM", "GPTBigCodeModel", "", "", H::CausalLM});
+        else pick_head(j, s, {"GPT2LMHeadModel", "GPT2Model", "", "", H::CausalLM});
     } else if (type == "bert" || type == "roberta") {
         const bool rob = type == "roberta";
         Reader r(j, origin, rob ? "RobertaConfig" : "BertConfig", s);

@@ -67,7 +67,7 @@ struct Names {
 Names names_for(const S& s) {
     Names n;
     const std::string& t = s.model_type;
-    if (t == "gpt2") {
+    if (t == "gpt2" || t == "gpt_bigcode") {
         n.embed = "wte";
         n.pos = "wpe";
         n.attn = {"attn", "", "", "", "attn.c_attn", "attn.c_proj", "", ""};
@@ -75,16 +75,10 @@ Names names_for(const S& s) {
         n.ln2 = "ln_2";
         n.mlp = {"mlp.c_fc", "", "mlp.c_proj", ""};
         n.final_norm = "ln_f";
-        n.conv1d = true;
-        n.softmax_fp32 = false;
-    } else if (t == "gpt_bigcode") {
-        n.embed = "wte";
-        n.pos = "wpe";
-        n.attn = {"attn", "", "", "", "attn.c_attn", "attn.c_proj", "", ""};
-        n.ln1 = "ln_1";
-        n.ln2 = "ln_2";
-        n.mlp = {"mlp.c_fc", "", "mlp.c_proj", ""};
-        n.final_norm = "ln_f";
+        // GPT-2: Conv1D weights and a plain softmax; GPTBigCode: nn.Linear and
+        // softmax in fp32 (attention_softmax_in_fp32).
+        n.conv1d = t == "gpt2";
+        n.softmax_fp32 = t != "gpt2";
     } else if (t == "bert" || t == "roberta") {
         n.embed = "embeddings.word_embeddings";
         n.pos = "embeddings.position_embeddings";
