@@ -1,0 +1,141 @@
+// gpumem/sim/allocator.hpp — a re-implementation of PyTorch's CUDA caching
+// allocator (c10/cuda/CUDACachingAllocator.cpp, DeviceCachingAllocator) for
+// simulation: no device memory is touched, addresses are virtual.
+//
+// Why: torch.cuda.max_memory_reserved() and nvidia-smi depend on how the
+// caching allocator rounds, splits, caches and merges blocks, not only on how
+// many bytes are live. A job can fail with gigabytes "free" because they are
+// fragmented. Simulating the allocator's rules on the step's event trace gives
+// what PyTorch really reports.
+//
+// Rules (each cited in allocator.cpp against the source):
+//   round_size         requests rounded up to 512 B (kMinBlockSize), or to
+//                      roundup_power2_divisions steps when configured
+//   pools              rounded size <= 1 MiB (kSmallSize) -> small pool, else large
+//   segment size       small: 2 MiB (kSmallBuffer); large < 10 MiB (kMinLargeAlloc):
+//                      20 MiB (kLargeBuffer); else rounded up to 2 MiB (kRoundLarge)
+//   best fit           smallest cached block of the same stream and pool with
+//                      size >= request, ties by lowest address
+//   max_split_size     an oversize cached block (>= max_split_size) serves only
+//                      requests >= max_split_size, and only if it is smaller than
+//                      request + max_non_split_rounding (20 MiB)
+//   split              small pool: remainder >= 512 B; large pool: remainder > 1 MiB
+//                      and the request is below max_split_size
+//   free               merge with free neighbours of the same segment
+//   OOM retry          free cached oversize blocks, then every wholly free segment
+//                      (empty_cache), then report OOM
+//   garbage collection with garbage_collection_threshold, free cached blocks by age
+//                      when reserved would exceed threshold * capacity
+//   expandable         one growing virtual segment per (stream, pool), 2 MiB/20 MiB pages
+//
+// "Out of memory" is an answer (AllocResult::oom), never an exception.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpumem/core/bytes.hpp"
+#include "gpumem/core/result.hpp"
+
+namespace gpumem::sim {
+
+struct AllocatorConfig {
+    std::optional<Bytes> max_split_size;            // max_split_size_mb (unset: unlimited)
+    Bytes max_non_split_rounding = MiB(20);         // max_non_split_rounding_mb
+    // roundup_power2_divisions: either one value for all sizes or per power-of-two
+    // interval starting at 1 MiB ([1, 2) MiB, [2, 4) MiB, ...); 0 = off.
+    std::vector<int> roundup_power2_divisions;
+    double garbage_collection_threshold = 0.0;      // 0 = off
+    bool expandable_segments = false;
+    Bytes large_segment_size = MiB(20);             // kLargeBuffer (large_segment_size_mb in >= 2.9)
+
+    // Parses PYTORCH_CUDA_ALLOC_CONF syntax:
+    // "max_split_size_mb:128,expandable_segments:True,roundup_power2_divisions:[256:1,512:2,>:4]".
+    static Result<AllocatorConfig> parse(std::string_view conf);
+    [[nodiscard]] std::string to_string() const;
+};
+
+using BlockHandle = std::int64_t;  // opaque; valid until freed
+
+struct AllocatorStats {
+    Bytes allocated;        // sum of allocated (rounded) block sizes: memory_allocated()
+    Bytes reserved;         // sum of segment sizes: memory_reserved()
+    Bytes requested;        // sum of unrounded request sizes
+    Bytes peak_allocated;   // max_memory_allocated()
+    Bytes peak_reserved;    // max_memory_reserved()
+    Bytes peak_requested;
+    std::int64_t segments = 0;
+    std::int64_t allocations = 0;      // live blocks
+    std::int64_t alloc_retries = 0;    // cudaMalloc failures followed by a retry
+    std::int64_t ooms = 0;
+    std::int64_t cuda_mallocs = 0;
+    std::int64_t cuda_frees = 0;
+};
+
+struct OomInfo {
+    Bytes requested;        // the rounded request that failed
+    Bytes allocated;        // at the failure
+    Bytes reserved;
+    Bytes capacity;
+    Bytes device_free;      // capacity - reserved - memory outside the allocator
+    Bytes largest_free_block;  // in the cache
+};
+
+struct AllocResult {
+    bool ok = false;
+    BlockHandle handle = -1;
+    Bytes block_size;       // the rounded (possibly unsplit) size charged to allocated
+    std::optional<OomInfo> oom;
+};
+
+struct BlockInfo {
+    std::int64_t address = 0;
+    Bytes size;
+    Bytes requested;
+    bool allocated = false;
+};
+
+struct SegmentInfo {
+    std::int64_t address = 0;
+    Bytes size;
+    int stream = 0;
+    bool small_pool = false;
+    bool expandable = false;
+    std::vector<BlockInfo> blocks;  // address order
+};
+
+class CachingAllocator {
+public:
+    // `capacity`: what cudaMalloc can hand out in total (device memory minus the
+    // CUDA context and memory outside the allocator).
+    CachingAllocator(AllocatorConfig cfg, Bytes capacity);
+    ~CachingAllocator();
+    CachingAllocator(CachingAllocator&&) noexcept;
+    CachingAllocator& operator=(CachingAllocator&&) noexcept;
+    CachingAllocator(const CachingAllocator&) = delete;
+    CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+    AllocResult malloc(Bytes size, int stream = 0);
+    void free(BlockHandle h);
+    void empty_cache();
+    void reset_peaks();
+
+    [[nodiscard]] const AllocatorStats& stats() const;
+    [[nodiscard]] Bytes largest_free_block() const;   // largest cached (free) block
+    [[nodiscard]] std::vector<SegmentInfo> segments() const;
+    [[nodiscard]] const AllocatorConfig& config() const;
+    // The size a request is rounded to (round_size in the source).
+    [[nodiscard]] Bytes round_size(Bytes size) const;
+    // Walks every block list and checks stats against the blocks; throws
+    // std::logic_error on a violation. Called after each operation in debug builds.
+    void check_invariants() const;
+
+private:
+    struct Impl;
+    Impl* impl_;
+};
+
+}  // namespace gpumem::sim

@@ -1,0 +1,2 @@
+// OOM doctor (being written).
+namespace gpumem {}

@@ -1,0 +1,2 @@
+// Allocator (being written).
+namespace gpumem::sim {}
