@@ -1,0 +1,81 @@
+// gpumem/memory/job.hpp — a request resolved against a model.
+//
+// Every consumer of a request (the analytic estimate, the step simulator,
+// the planner) needs the same resolved facts: defaults filled in, dtypes of
+// weights, gradients and optimizer states for the precision mode, the list of
+// trainable tensors (full model or LoRA adapters), the activation context and
+// the model-state byte totals. resolve_job() computes them once, validating
+// the request with the messages every front end prints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpumem/core/bytes.hpp"
+#include "gpumem/core/result.hpp"
+#include "gpumem/memory/activations.hpp"
+#include "gpumem/memory/gpu_catalog.hpp"
+#include "gpumem/memory/request.hpp"
+#include "gpumem/model/graph.hpp"
+
+namespace gpumem {
+
+// One trainable tensor shape (count identical tensors).
+struct TrainTensor {
+    std::vector<std::int64_t> shape;
+    std::int64_t count = 1;
+    [[nodiscard]] std::int64_t numel() const {
+        std::int64_t n = count;
+        for (auto d : shape) n = checked_mul(n, d);
+        return n;
+    }
+};
+
+// Optimizer state bytes for one tensor. Layouts:
+//  SGD: none; SGD momentum: momentum_buffer; Adam/AdamW: exp_avg + exp_avg_sq
+//  (torch/optim/adam.py _init_group); Lion: exp_avg (lucidrains/lion-pytorch);
+//  AdamW 8-bit: bitsandbytes Optimizer2State: uint8 state1/state2 + fp32
+//  absmax per 256-element block, tensors with < 4096 elements keep fp32
+//  states (min_8bit_size); Adafactor (transformers.optimization.Adafactor,
+//  beta1=None): fp32 exp_avg_sq_row [.., rows] + exp_avg_sq_col [.., cols] for
+//  >= 2-D tensors, a full fp32 exp_avg_sq for 1-D, plus a scalar RMS.
+Bytes optimizer_bytes(Optimizer o, const TrainTensor& t, DType state);
+
+// Weight bytes of one parameter under weight quantization (bitsandbytes
+// Linear8bitLt / Linear4bit, GPTQ-style int4). Only nn.Linear weights are
+// quantized; lm_head stays in the compute dtype (bnb's default skip list).
+Bytes quantized_bytes(Quant q, const Param& p, DType fallback);
+
+struct Job {
+    EstimateRequest req;  // defaults filled in
+    bool train = true;
+    bool lora = false;
+    bool amp = false;
+    Precision prec = Precision::AmpBF16;
+    DType half = DType::BF16;      // the 16-bit type of the precision mode
+    DType lowered = DType::BF16;   // dtype of matmul outputs
+    DType wdt = DType::F32;        // base weights
+    DType tdt = DType::F32;        // trainable tensors and their gradients
+    DType state_dt = DType::F32;   // optimizer states
+    Quant quant = Quant::None;
+    std::int64_t seq = 1;
+    GpuSpec gpu;
+    Bytes capacity;
+    ActivationContext actx;
+    std::vector<TrainTensor> trainable;
+    std::int64_t trainable_params = 0;
+    std::int64_t largest_linear = 0;  // elements of the largest quantizable weight
+    Bytes weights;                    // incl. adapters and quantization metadata
+    Bytes adapter_weights;
+    Bytes grads;
+    Bytes master;                     // fp32 master weights (fp16 training)
+    Bytes opt_states;                 // excl. master
+    Bytes dequant;                    // 4-bit: one dequantized weight in flight
+    std::vector<std::string> assumptions;
+    std::vector<std::string> warnings;
+};
+
+Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req);
+
+}  // namespace gpumem
