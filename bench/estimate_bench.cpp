@@ -5,6 +5,9 @@
 #include <benchmark/benchmark.h>
 
 #include "gpumem/memory/estimate.hpp"
+#include "gpumem/memory/job.hpp"
+#include "gpumem/sim/step.hpp"
+#include "gpumem/sim/trace.hpp"
 #include "gpumem/model/load.hpp"
 
 using namespace gpumem;
@@ -51,5 +54,29 @@ static void BM_LoadDeepseekV3(benchmark::State& state) {
     }
 }
 BENCHMARK(BM_LoadDeepseekV3)->Unit(benchmark::kMicrosecond);
+
+// Issue 3: simulating one training step of a 70B, 80-layer model (trace
+// generation + caching-allocator replay) in under 5 ms.
+static void BM_SimulateStep70B(benchmark::State& state) {
+    const ModelGraph g = load_model("llama-2-70b").value();
+    EstimateRequest req;
+    req.seq = 4096;
+    req.gpu_memory = GiB(4096);  // no OOM: one replay
+    const Job job = resolve_job(g, req).value();
+    sim::StepTraceOptions so;
+    so.steps = 1;
+    so.cublas_workspace = job.gpu.cublas_workspace;
+    std::int64_t events = 0;
+    for (auto _ : state) {
+        const sim::StepTrace st = sim::build_step_trace(g, job, so);
+        sim::ReplayOptions ro;
+        ro.capacity = job.capacity;
+        auto r = sim::replay(st.trace, ro);
+        events = static_cast<std::int64_t>(st.trace.events.size());
+        benchmark::DoNotOptimize(r);
+    }
+    state.counters["events"] = static_cast<double>(events);
+}
+BENCHMARK(BM_SimulateStep70B)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

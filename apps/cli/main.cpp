@@ -3,27 +3,32 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/model/load.hpp"
+#include "gpumem/plan/doctor.hpp"
+#include "gpumem/report/doctor_render.hpp"
 #include "gpumem/report/render.hpp"
+#include "gpumem/report/snapshot_render.hpp"
+#include "gpumem/report/timeline_render.hpp"
+#include "gpumem/sim/simulate.hpp"
+#include "gpumem/sim/snapshot.hpp"
 
 using namespace gpumem;
 
 namespace {
 
-int report_error(const Error& e) {
-    std::fprintf(stderr, "gpumem: error: %s\n", e.message.c_str());
-    return 2;
-}
-
 template <class T>
 T unwrap(Result<T> r) {
     if (!r) throw InputError(r.error());
     return std::move(r).value();
+}
+
+[[noreturn]] void input_error(const std::string& field, const std::string& message) {
+    throw InputError(Error{ErrorCode::InvalidArgument, message, field});
 }
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -40,6 +45,106 @@ std::vector<std::string> split_commas(const std::string& s) {
     return out;
 }
 
+bool ends_with(const std::string& s, const char* suffix) {
+    const std::string x(suffix);
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+}
+
+void write_file(const std::string& path, const std::string& text, const char* flag) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) throw InputError(Error{ErrorCode::Io, std::string(flag) + " " + path + ": cannot write this file", flag + 2});
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+}
+
+// The flags that describe a job, shared by `estimate` and `doctor`.
+struct JobFlags {
+    std::string model, params_text;
+    std::string mode = "train", precision, optimizer = "adamw", optimizer_impl = "foreach", zero_grad = "set-to-none";
+    std::string recompute = "none", attention = "flash", quant, kv_dtype, lora_targets, gpu = "H100-80GB", gpu_memory,
+                cuda_context;
+    std::string allocator = "pytorch", alloc_conf, cublas_ws;
+    std::int64_t batch = 1, grad_accum = 1, lora_rank = 16, gen_len = 0;
+    std::optional<std::int64_t> seq;
+    bool analytic = false;
+
+    void add(CLI::App* c, bool model_positional) {
+        if (model_positional) c->add_option("model", model, "preset name, config.json, model folder or layer-list JSON");
+        else c->add_option("--model", model, "the run's model (preset, config.json, folder or layer-list JSON)");
+        c->add_option("--params", params_text, "a parameter count only (model states only), e.g. 7B");
+        c->add_option("--mode", mode, "train|lora|qlora|infer")->capture_default_str();
+        c->add_option("--batch", batch, "micro-batch size per GPU")->capture_default_str();
+        c->add_option("--seq", seq, "sequence length (prompt length for inference)");
+        c->add_option("--grad-accum", grad_accum, "gradient accumulation steps")->capture_default_str();
+        c->add_option("--precision", precision, "fp32|fp16|bf16|amp-fp16|amp-bf16 (default amp-bf16 train, bf16 infer)");
+        c->add_option("--optimizer", optimizer, "sgd|sgd-momentum|adam|adamw|adamw-8bit|adafactor|lion")->capture_default_str();
+        c->add_option("--optimizer-impl", optimizer_impl, "foreach|fused|for-loop (torch.optim implementation)")->capture_default_str();
+        c->add_option("--zero-grad", zero_grad, "set-to-none|zero (PyTorch >= 2.0 frees gradients; 1.x zeroes them)")->capture_default_str();
+        c->add_option("--recompute", recompute, "none|selective|full")->capture_default_str();
+        c->add_option("--attention", attention, "eager|flash")->capture_default_str();
+        c->add_option("--lora-rank", lora_rank, "LoRA rank")->capture_default_str();
+        c->add_option("--lora-targets", lora_targets, "comma-separated module names, or all-linear (default: PEFT's per-model defaults)");
+        c->add_option("--quant", quant, "none|int8|int4|nf4 (default nf4 for qlora)");
+        c->add_option("--kv-dtype", kv_dtype, "KV-cache dtype (default: activation dtype)");
+        c->add_option("--gen-len", gen_len, "generated tokens (inference)")->capture_default_str();
+        c->add_option("--gpu", gpu, "GPU from the catalog (gpumem gpus)")->capture_default_str();
+        c->add_option("--gpu-memory", gpu_memory, "override the GPU's capacity, e.g. 24GiB");
+        c->add_option("--cuda-context", cuda_context, "override the CUDA context size, e.g. 1343MiB");
+        c->add_option("--allocator", allocator, "pytorch|none (none: live tensor bytes only, as the CPU profiler sees)")->capture_default_str();
+        c->add_option("--alloc-conf", alloc_conf, "PYTORCH_CUDA_ALLOC_CONF, e.g. \"max_split_size_mb:128,expandable_segments:True\"");
+        c->add_option("--cublas-workspace", cublas_ws, "size of one cuBLAS workspace (default by GPU: 8.125 MiB, 32 MiB on Hopper+)");
+        c->add_flag("--analytic", analytic, "skip the step simulation (analytic peaks only)");
+    }
+
+    [[nodiscard]] EstimateRequest request() const {
+        EstimateRequest req;
+        req.model = model;
+        if (!params_text.empty()) req.params_count = unwrap(parse_param_count(params_text));
+        req.mode = unwrap(parse_mode(mode));
+        req.batch = batch;
+        req.seq = seq;
+        req.grad_accum = grad_accum;
+        if (!precision.empty()) req.precision = unwrap(parse_precision(precision));
+        req.optimizer = unwrap(parse_optimizer(optimizer));
+        req.optimizer_impl = unwrap(parse_optimizer_impl(optimizer_impl));
+        req.zero_grad = unwrap(parse_zero_grad(zero_grad));
+        req.recompute = unwrap(parse_recompute(recompute));
+        req.attention = unwrap(parse_attention(attention));
+        req.lora_rank = lora_rank;
+        req.lora_targets = split_commas(lora_targets);
+        if (!quant.empty()) req.quant = unwrap(parse_quant(quant));
+        if (!kv_dtype.empty()) {
+            auto d = parse_dtype(kv_dtype);
+            if (!d) input_error("kv-dtype", "--kv-dtype: unknown dtype \"" + kv_dtype + "\"; use fp16, bf16, fp32, fp8 or int8");
+            req.kv_dtype = *d;
+        }
+        req.gen_len = gen_len;
+        req.gpu = gpu;
+        if (!gpu_memory.empty()) req.gpu_memory = unwrap(parse_size(gpu_memory, "gpu-memory"));
+        if (!cuda_context.empty()) req.cuda_context = unwrap(parse_size(cuda_context, "cuda-context"));
+        req.allocator = unwrap(parse_allocator(allocator));
+        req.alloc_conf = alloc_conf;
+        if (!cublas_ws.empty()) req.cublas_workspace = unwrap(parse_size(cublas_ws, "cublas-workspace"));
+        req.analytic = analytic;
+        return req;
+    }
+};
+
+void write_timeline(const EstimateResult& r, const std::string& path) {
+    if (!r.simulation)
+        input_error("timeline", "--timeline needs the step simulation (drop --analytic; --params has no graph to simulate)");
+    std::string text;
+    if (ends_with(path, ".svg"))
+        text = render_timeline_svg(*r.simulation, r.model_name + " - " + to_string(r.request.mode) + " on " + r.gpu.name, r.per_gpu.capacity);
+    else if (ends_with(path, ".json"))
+        text = timeline_to_json(*r.simulation).dump(1) + "\n";
+    else if (ends_with(path, ".csv"))
+        text = render_timeline_csv(*r.simulation);
+    else
+        input_error("timeline", "--timeline " + path + ": use a file name ending in .csv, .json or .svg");
+    write_file(path, text, "--timeline");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,46 +152,42 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     app.set_version_flag("--version", "gpumem 0.1.0");
     std::string format = "text";
+    const char* format_help = "text|json|csv|markdown";
 
     auto* models = app.add_subcommand("models", "list the built-in model presets");
-    models->add_option("--format", format, "text|json|csv|markdown");
+    models->add_option("--format", format, format_help);
     auto* gpus = app.add_subcommand("gpus", "list the built-in GPU catalog");
-    gpus->add_option("--format", format, "text|json|csv|markdown");
+    gpus->add_option("--format", format, format_help);
 
-    std::string model;
-    std::string params_text;
+    std::string model, params_text;
     auto* params = app.add_subcommand("params", "count parameters by component and dtype");
     params->add_option("model", model, "preset name, config.json, model folder or layer-list JSON");
     params->add_option("--params", params_text, "a parameter count only, e.g. 7B");
-    params->add_option("--format", format, "text|json|csv|markdown");
+    params->add_option("--format", format, format_help);
 
+    JobFlags est_flags;
+    std::string timeline;
     auto* est = app.add_subcommand("estimate", "per-GPU memory of a training or inference job, part by part");
-    est->add_option("model", model, "preset name, config.json, model folder or layer-list JSON");
-    est->add_option("--params", params_text, "a parameter count only (model states only), e.g. 7B");
-    std::string optimizer_impl = "foreach", zero_grad = "set-to-none";
-    std::string mode = "train", precision, optimizer = "adamw", recompute = "none", attention = "flash", quant, kv_dtype,
-                lora_targets, gpu = "H100-80GB", gpu_memory, cuda_context;
-    std::int64_t batch = 1, grad_accum = 1, lora_rank = 16, gen_len = 0;
-    std::optional<std::int64_t> seq;
-    est->add_option("--mode", mode, "train|lora|qlora|infer")->capture_default_str();
-    est->add_option("--batch", batch, "micro-batch size per GPU")->capture_default_str();
-    est->add_option("--seq", seq, "sequence length (prompt length for inference)");
-    est->add_option("--grad-accum", grad_accum, "gradient accumulation steps")->capture_default_str();
-    est->add_option("--precision", precision, "fp32|fp16|bf16|amp-fp16|amp-bf16 (default amp-bf16 train, bf16 infer)");
-    est->add_option("--optimizer", optimizer, "sgd|sgd-momentum|adam|adamw|adamw-8bit|adafactor|lion")->capture_default_str();
-    est->add_option("--optimizer-impl", optimizer_impl, "foreach|fused|for-loop (torch.optim implementation)")->capture_default_str();
-    est->add_option("--zero-grad", zero_grad, "set-to-none|zero (PyTorch >= 2.0 frees gradients; 1.x zeroes them)")->capture_default_str();
-    est->add_option("--recompute", recompute, "none|selective|full")->capture_default_str();
-    est->add_option("--attention", attention, "eager|flash")->capture_default_str();
-    est->add_option("--lora-rank", lora_rank, "LoRA rank")->capture_default_str();
-    est->add_option("--lora-targets", lora_targets, "comma-separated module names, or all-linear (default: PEFT's per-model defaults)");
-    est->add_option("--quant", quant, "none|int8|int4|nf4 (default nf4 for qlora)");
-    est->add_option("--kv-dtype", kv_dtype, "KV-cache dtype (default: activation dtype)");
-    est->add_option("--gen-len", gen_len, "generated tokens (inference)")->capture_default_str();
-    est->add_option("--gpu", gpu, "GPU from the catalog (gpumem gpus)")->capture_default_str();
-    est->add_option("--gpu-memory", gpu_memory, "override the GPU's capacity, e.g. 24GiB");
-    est->add_option("--cuda-context", cuda_context, "override the CUDA context size, e.g. 1343MiB");
-    est->add_option("--format", format, "text|json|csv|markdown")->capture_default_str();
+    est_flags.add(est, true);
+    est->add_option("--timeline", timeline, "write the simulated memory timeline to FILE (.csv, .json or .svg)");
+    est->add_option("--format", format, format_help)->capture_default_str();
+
+    JobFlags doc_flags;
+    std::string message;
+    auto* doctor = app.add_subcommand("doctor", "explain a CUDA out-of-memory message and rank the remedies");
+    doctor->add_option("message", message, "the 'CUDA out of memory ...' text (or - to read it from standard input)")->required();
+    doc_flags.add(doctor, false);
+    doctor->add_option("--format", format, format_help)->capture_default_str();
+
+    std::string snapshot_path, snapshot_conf;
+    int snapshot_device = -1;
+    bool no_replay = false;
+    auto* snapshot = app.add_subcommand("snapshot", "summarize a PyTorch memory snapshot and replay it through the allocator model");
+    snapshot->add_option("file", snapshot_path, "torch.cuda.memory._dump_snapshot() pickle, or the same data as JSON")->required();
+    snapshot->add_option("--alloc-conf", snapshot_conf, "replay with these PYTORCH_CUDA_ALLOC_CONF settings instead of the recorded ones");
+    snapshot->add_option("--device", snapshot_device, "device index (default: the first with a trace)");
+    snapshot->add_flag("--no-replay", no_replay, "summarize only");
+    snapshot->add_option("--format", format, format_help)->capture_default_str();
 
     try {
         app.parse(argc, argv);
@@ -102,54 +203,50 @@ int main(int argc, char** argv) {
 
     try {
         const Format fmt = unwrap(parse_format(format));
+        std::string out;
         if (*models) {
-            std::fputs(render_models(presets(), fmt).c_str(), stdout);
-            return 0;
+            out = render_models(presets(), fmt);
+        } else if (*gpus) {
+            out = render_gpus(gpu_catalog(), fmt);
+        } else if (*params) {
+            if (params_text.empty() && model.empty())
+                input_error("model", "params: name a model (preset, config.json, folder, layer-list JSON) or give --params");
+            const ModelGraph g = !params_text.empty() ? params_only_graph(unwrap(parse_param_count(params_text))) : unwrap(load_model(model));
+            out = render_params(g, summarize_params(g), fmt);
+        } else if (*est) {
+            const EstimateResult r = unwrap(simulate_estimate(est_flags.request()));
+            for (const auto& w : r.warnings) std::fprintf(stderr, "gpumem: warning: %s\n", w.c_str());
+            if (!timeline.empty()) write_timeline(r, timeline);
+            out = render_estimate(r, fmt);
+        } else if (*doctor) {
+            if (message == "-") {
+                message.clear();
+                char buf[4096];
+                std::size_t n;
+                while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) message.append(buf, n);
+            }
+            std::optional<EstimateRequest> run;
+            if (!doc_flags.model.empty() || !doc_flags.params_text.empty()) run = doc_flags.request();
+            out = render_doctor(unwrap(diagnose(message, run)), fmt);
+        } else if (*snapshot) {
+            sim::SnapshotOptions so;
+            so.device = snapshot_device;
+            so.run_replay = !no_replay;
+            if (!snapshot_conf.empty()) {
+                so.replay.config = unwrap(sim::AllocatorConfig::parse(snapshot_conf));
+                so.config_from_snapshot = false;
+            }
+            const sim::SnapshotReport rep = unwrap(sim::analyze_snapshot(snapshot_path, so));
+            out = render_snapshot(rep.summary, rep.replay ? &*rep.replay : nullptr, fmt);
         }
-        if (*gpus) {
-            std::fputs(render_gpus(gpu_catalog(), fmt).c_str(), stdout);
-            return 0;
-        }
-        if (*params) {
-            ModelGraph g = !params_text.empty() ? params_only_graph(unwrap(parse_param_count(params_text)))
-                                                : unwrap(model.empty() ? Result<ModelGraph>(Error{ErrorCode::InvalidArgument, "params: name a model (preset, config.json, folder, layer-list JSON) or give --params", "model"})
-                                                                       : load_model(model));
-            std::fputs(render_params(g, summarize_params(g), fmt).c_str(), stdout);
-            return 0;
-        }
-        EstimateRequest req;
-        req.model = model;
-        if (!params_text.empty()) req.params_count = unwrap(parse_param_count(params_text));
-        req.mode = unwrap(parse_mode(mode));
-        req.batch = batch;
-        req.seq = seq;
-        req.grad_accum = grad_accum;
-        if (!precision.empty()) req.precision = unwrap(parse_precision(precision));
-        req.optimizer = unwrap(parse_optimizer(optimizer));
-        req.recompute = unwrap(parse_recompute(recompute));
-        req.optimizer_impl = unwrap(parse_optimizer_impl(optimizer_impl));
-        req.zero_grad = unwrap(parse_zero_grad(zero_grad));
-        req.attention = unwrap(parse_attention(attention));
-        req.lora_rank = lora_rank;
-        req.lora_targets = split_commas(lora_targets);
-        if (!quant.empty()) req.quant = unwrap(parse_quant(quant));
-        if (!kv_dtype.empty()) {
-            auto d = parse_dtype(kv_dtype);
-            if (!d) throw InputError(Error{ErrorCode::InvalidArgument, "--kv-dtype: unknown dtype \"" + kv_dtype + "\"; use fp16, bf16, fp32, fp8 or int8", "kv-dtype"});
-            req.kv_dtype = *d;
-        }
-        req.gen_len = gen_len;
-        req.gpu = gpu;
-        if (!gpu_memory.empty()) req.gpu_memory = unwrap(parse_size(gpu_memory, "gpu-memory"));
-        if (!cuda_context.empty()) req.cuda_context = unwrap(parse_size(cuda_context, "cuda-context"));
-        const EstimateResult r = unwrap(estimate(req));
-        for (const auto& w : r.warnings) std::fprintf(stderr, "gpumem: warning: %s\n", w.c_str());
-        std::fputs(render_estimate(r, fmt).c_str(), stdout);
+        std::fputs(out.c_str(), stdout);
         return 0;
     } catch (const InputError& e) {
-        return report_error(e.error());
+        std::fprintf(stderr, "gpumem: error: %s\n", e.error().message.c_str());
+        return 2;
     } catch (const OverflowError& e) {
-        return report_error(Error{ErrorCode::Overflow, std::string("a size overflows 64 bits: ") + e.what(), ""});
+        std::fprintf(stderr, "gpumem: error: a size overflows 64 bits: %s\n", e.what());
+        return 2;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "gpumem: internal error: %s\n", e.what());
         return 3;

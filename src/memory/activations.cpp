@@ -47,8 +47,10 @@ struct InstanceResult {
 
 bool is_lora_target(const Op& op, const ActivationContext& ctx) { return lora_applies(op, ctx.lora_targets); }
 
+// Ops reading a weight held by another block (tied lm_head / shared
+// embeddings) have no params of their own but still train that weight.
 bool op_has_weight(const Op& op) {
-    return !op.params.empty() || ((op.kind == OpKind::Linear) && op.in_features > 0);
+    return !op.params.empty() || (op.kind == OpKind::Linear && op.in_features > 0) || op.kind == OpKind::Embedding;
 }
 
 InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool input_rg) {

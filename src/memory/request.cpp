@@ -40,11 +40,14 @@ constexpr std::array<std::pair<const char*, Recompute>, 3> kRecompute{{{"none", 
 constexpr std::array<std::pair<const char*, Attention>, 2> kAttention{{{"eager", Attention::Eager}, {"flash", Attention::Flash}}};
 constexpr std::array<std::pair<const char*, Quant>, 4> kQuant{{{"none", Quant::None}, {"int8", Quant::Int8}, {"int4", Quant::Int4}, {"nf4", Quant::NF4}}};
 constexpr std::array<std::pair<const char*, OptimizerImpl>, 3> kImpl{{{"foreach", OptimizerImpl::Foreach}, {"fused", OptimizerImpl::Fused}, {"for-loop", OptimizerImpl::ForLoop}}};
+constexpr std::array<std::pair<const char*, AllocatorKind>, 2> kAllocator{{{"pytorch", AllocatorKind::PyTorch}, {"none", AllocatorKind::None}}};
 constexpr std::array<std::pair<const char*, ZeroGrad>, 2> kZeroGrad{{{"set-to-none", ZeroGrad::SetToNone}, {"zero", ZeroGrad::Zero}}};
 }  // namespace
 
 const char* to_string(OptimizerImpl v) { return enum_name(v, kImpl); }
 const char* to_string(ZeroGrad v) { return enum_name(v, kZeroGrad); }
+const char* to_string(AllocatorKind v) { return enum_name(v, kAllocator); }
+Result<AllocatorKind> parse_allocator(std::string_view s) { return parse_enum(s, kAllocator, "allocator"); }
 Result<OptimizerImpl> parse_optimizer_impl(std::string_view s) { return parse_enum(s, kImpl, "optimizer-impl"); }
 Result<ZeroGrad> parse_zero_grad(std::string_view s) { return parse_enum(s, kZeroGrad, "zero-grad"); }
 
@@ -172,6 +175,13 @@ Result<EstimateRequest> request_from_json(const nlohmann::json& body) {
             else if (k == "gpu") r.gpu = json_str(v, k);
             else if (k == "gpu-memory") r.gpu_memory = v.is_string() ? take(parse_size(v.get<std::string>(), "gpu-memory")) : Bytes(json_int(v, k));
             else if (k == "cuda-context") r.cuda_context = v.is_string() ? take(parse_size(v.get<std::string>(), "cuda-context")) : Bytes(json_int(v, k));
+            else if (k == "allocator") r.allocator = take(parse_allocator(json_str(v, k)));
+            else if (k == "alloc-conf") r.alloc_conf = json_str(v, k);
+            else if (k == "cublas-workspace") r.cublas_workspace = v.is_string() ? take(parse_size(v.get<std::string>(), "cublas-workspace")) : Bytes(json_int(v, k));
+            else if (k == "analytic") {
+                if (!v.is_boolean()) fail(ErrorCode::InvalidArgument, k, "\"analytic\" must be true or false");
+                r.analytic = v.get<bool>();
+            }
             else if (k == "format") continue;
             else fail(ErrorCode::InvalidArgument, k0, "unknown request field \"" + k0 + "\"");
         }
@@ -203,6 +213,10 @@ nlohmann::json request_to_json(const EstimateRequest& r) {
     j["gpu"] = r.gpu;
     if (r.gpu_memory) j["gpu_memory"] = r.gpu_memory->count();
     if (r.cuda_context) j["cuda_context"] = r.cuda_context->count();
+    j["allocator"] = to_string(r.allocator);
+    if (!r.alloc_conf.empty()) j["alloc_conf"] = r.alloc_conf;
+    if (r.cublas_workspace) j["cublas_workspace"] = r.cublas_workspace->count();
+    if (r.analytic) j["analytic"] = true;
     return j;
 }
 

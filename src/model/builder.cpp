@@ -129,7 +129,7 @@ TensorId BlockBuilder::layernorm(TensorId x, std::int64_t dim, bool bias, const 
     const TensorId mean = tensor(name + ".mean", rows, ActRole::Float32);
     const TensorId rstd = tensor(name + ".rstd", rows, ActRole::Float32);
     const TensorId out = tensor(name, info(x).extent, ActRole::Upcast);
-    Op& o = op(OpKind::LayerNorm, name, {x}, {out}, {{x, false}, {mean, false}, {rstd, false}});
+    Op& o = op(OpKind::LayerNorm, name, {x}, {out, mean, rstd}, {{x, false}, {mean, false}, {rstd, false}});
     o.flops = extent_mul(info(x).extent, 8);
     if (add_param) {
         o.params.push_back(param(name + ".weight", {dim}, c));

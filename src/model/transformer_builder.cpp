@@ -738,6 +738,8 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
             // Decoder input embeddings share the `shared` weight (counted once, in "embeddings").
             BlockBuilder B("decoder.embeddings", 1, weight_dtype);
             B.input("encoder_output", Extent::per_token(h), ActRole::Stream);
+            // The encoder output every decoder layer's cross-attention reads.
+            B.block().tensors[0].shared_key = "encoder_hidden_states";
             const TensorId ids = B.data("decoder_input_ids", Extent::per_token(1), ActRole::Index64);
             TensorId x = B.embedding(ids, s.vocab, h, "shared", Component::Embeddings, false);
             x = B.dropout(x, s.embd_dropout, "decoder.embed_dropout");

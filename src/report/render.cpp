@@ -154,6 +154,30 @@ nlohmann::json estimate_to_json(const EstimateResult& r) {
         j["activations_by_block"].push_back({{"block", b.block}, {"repeat", b.repeat}, {"per_instance", b.per_instance.count()}});
     j["gpu"] = {{"name", r.gpu.name}, {"memory", r.gpu.memory.count()}};
     j["seq"] = r.seq;
+    if (r.simulation) {
+        const SimulationSummary& s = *r.simulation;
+        nlohmann::json sj;
+        sj["allocator"] = s.allocator;
+        sj["alloc_conf"] = s.alloc_conf;
+        sj["events"] = s.events;
+        sj["peak_phase"] = s.peak_phase;
+        sj["peak_step"] = s.peak_step + 1;
+        sj["first_step"] = {{"peak_allocated", s.first_step_peak_allocated.count()}, {"peak_reserved", s.first_step_peak_reserved.count()}};
+        sj["steady_state"] = {{"peak_allocated", s.steady_peak_allocated.count()}, {"peak_reserved", s.steady_peak_reserved.count()}};
+        sj["fragmentation_at_peak"] = s.fragmentation_at_peak.count();
+        sj["largest_free_block_at_peak"] = s.largest_free_block_at_peak.count();
+        sj["live_after"] = {{"forward", s.after_forward.count()}, {"backward", s.after_backward.count()},
+                            {"optimizer", s.after_optimizer.count()}, {"zero_grad", s.after_zero_grad.count()}};
+        sj["phases"] = nlohmann::json::array();
+        for (const auto& ph : s.phases)
+            sj["phases"].push_back({{"phase", ph.phase}, {"step", ph.step + 1}, {"peak_allocated", ph.peak_allocated.count()}, {"peak_reserved", ph.peak_reserved.count()}});
+        sj["top_at_peak"] = nlohmann::json::array();
+        for (const auto& t : s.top_at_peak) sj["top_at_peak"].push_back({{"bytes", t.size.count()}, {"label", t.label}, {"phase", t.phase}});
+        sj["oom"] = s.oom;
+        if (s.oom) sj["oom_detail"] = s.oom_detail;
+        sj["notes"] = s.notes;
+        j["simulation"] = sj;
+    }
     j["assumptions"] = r.assumptions;
     j["warnings"] = r.warnings;
     return j;
@@ -186,7 +210,29 @@ std::string render_estimate(const EstimateResult& r, Format f) {
         for (const auto& w : r.warnings) out += "- **warning:** " + w + "\n";
         return out;
     }
-    out += head + "\n" + verdict + "\n\n" + render_table(t, f) + "\nassumptions:\n";
+    out += head + "\n" + verdict + "\n\n" + render_table(t, f);
+    if (r.simulation) {
+        const SimulationSummary& s = *r.simulation;
+        Table ph;
+        ph.header = {"step", "phase", "peak allocated", "peak reserved"};
+        ph.right_align = {true, false, true, true};
+        for (const auto& x : s.phases)
+            ph.rows.push_back({std::to_string(x.step + 1), x.phase, format_bytes(x.peak_allocated), format_bytes(x.peak_reserved)});
+        out += "\nsimulated step (" + s.allocator + " allocator, " + std::to_string(s.events) + " events): first step peak " +
+               format_bytes(s.first_step_peak_allocated) + " allocated / " + format_bytes(s.first_step_peak_reserved) +
+               " reserved; steady state " + format_bytes(s.steady_peak_allocated) + " / " + format_bytes(s.steady_peak_reserved) + "\n\n" +
+               render_table(ph, f);
+        if (!s.top_at_peak.empty()) {
+            Table tt;
+            tt.header = {"largest tensors alive at the peak", "size", "allocated in"};
+            tt.right_align = {false, true, false};
+            for (const auto& x : s.top_at_peak) tt.rows.push_back({x.label, format_bytes(x.size), x.phase});
+            out += "\n" + render_table(tt, f);
+        }
+        out += "fragmentation at the peak: " + format_bytes(s.fragmentation_at_peak) + " reserved but unallocated, largest free block " +
+               format_bytes(s.largest_free_block_at_peak) + "\n";
+    }
+    out += "\nassumptions:\n";
     for (const auto& a : r.assumptions) out += "  - " + a + "\n";
     for (const auto& w : r.warnings) out += "warning: " + w + "\n";
     return out;

@@ -1,2 +1,1072 @@
-// Allocator (being written).
-namespace gpumem::sim {}
+// gpumem/sim/allocator.cpp — PyTorch's CUDA caching allocator, re-implemented
+// for simulation (no device memory; addresses come from a bump pointer).
+//
+// Every rule below was read from pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp
+// (DeviceCachingAllocator) and c10/cuda/CUDAAllocatorConfig.{h,cpp} (2.4-2.8; the
+// options moved to c10/core/AllocatorConfig.{h,cpp} in 2.9). Comments name the
+// function each rule comes from. No code was copied; the structure mirrors the
+// source on purpose (same pools, same set orderings, same retry order) so that
+// reserved memory, fragmentation and OOM points come out the same.
+//
+// Deliberate simplifications (no effect on the byte counts of a single-device,
+// single-process trace):
+//   * no CUDA events / recordStream (a freed block is reusable at once),
+//   * no CUDA graph private pools, no IPC, no free-memory callbacks,
+//   * `capacity` plays two roles: what cudaMalloc/cuMemCreate can hand out, and
+//     allowed_memory_maximum for garbage_collection_threshold (PyTorch only runs
+//     the GC when set_per_process_memory_fraction() was called; we run it when
+//     the threshold is set).
+#include "gpumem/sim/allocator.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace gpumem::sim {
+
+namespace {
+
+// Constants: CUDACachingAllocator.cpp (top of namespace Native).
+constexpr std::int64_t kMinBlockSize = 512;             // all sizes rounded to >= 512 B
+constexpr std::int64_t kSmallSize = 1 << 20;            // largest "small" allocation: 1 MiB
+constexpr std::int64_t kSmallBuffer = 2 << 20;          // small pool segment: 2 MiB
+constexpr std::int64_t kMinLargeAlloc = 10 << 20;       // 1..10 MiB requests share kLargeBuffer
+constexpr std::int64_t kRoundLarge = 2 << 20;           // large segments rounded to 2 MiB
+constexpr std::int64_t kMiB = 1 << 20;
+constexpr std::int64_t kNoLimit = std::numeric_limits<std::int64_t>::max();
+// CUDAAllocatorConfig.cpp: 16 power-of-two intervals from 1 MiB to 64 GiB.
+constexpr int kRoundUpPowerOfTwoIntervals = 16;
+// Virtual address space of one expandable segment is capped (the source reserves
+// 1 1/8 of the device memory; with a "no limit" capacity that would overflow).
+constexpr std::int64_t kMaxExpandableAddressSpace = std::int64_t{1} << 44;
+
+int floor_log2(std::uint64_t v) { return 63 - std::countl_zero(v); }
+
+std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Data structures (CUDACachingAllocator.cpp: Block, BlockPool, ExpandableSegment)
+
+struct ExpSeg;
+struct BlockPool;
+
+struct Block {
+    std::int64_t addr = 0;
+    std::int64_t size = 0;
+    std::int64_t requested = 0;
+    Block* prev = nullptr;       // neighbours inside the segment (address order)
+    Block* next = nullptr;
+    BlockPool* pool = nullptr;
+    ExpSeg* es = nullptr;        // non-null for blocks of an expandable segment
+    std::int64_t gc_count_base = 0;
+    int stream = 0;
+    std::uint32_t slot = 0;
+    std::uint32_t gen = 0;       // bumped on every allocation: stale handles are detected
+    bool allocated = false;
+    bool mapped = true;          // false only for unmapped ranges of expandable segments
+    bool live = false;           // slot in use
+
+    [[nodiscard]] bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+// BlockComparatorSize: (stream, size, address).
+struct SizeCmp {
+    bool operator()(const Block* a, const Block* b) const {
+        if (a->stream != b->stream) return a->stream < b->stream;
+        if (a->size != b->size) return a->size < b->size;
+        return a->addr < b->addr;
+    }
+};
+// BlockComparatorAddress: (stream, address) — the pool's unmapped set.
+struct AddrCmp {
+    bool operator()(const Block* a, const Block* b) const {
+        if (a->stream != b->stream) return a->stream < b->stream;
+        return a->addr < b->addr;
+    }
+};
+
+struct BlockPool {
+    explicit BlockPool(bool small) : is_small(small) {}
+    std::set<Block*, SizeCmp> blocks;      // free, mapped blocks
+    std::set<Block*, AddrCmp> unmapped;    // unmapped ranges of expandable segments
+    bool is_small;
+    std::int64_t get_free_blocks_call_count = 0;
+
+    // BlockPool::insert_into_blocks: stamps the GC age base.
+    void insert_into_blocks(Block* b) {
+        b->gc_count_base = get_free_blocks_call_count;
+        blocks.insert(b);
+    }
+};
+
+// ExpandableSegment: a virtual range mapped page by page.
+struct ExpSeg {
+    std::int64_t base = 0;
+    std::int64_t size = 0;      // virtual size (multiple of page)
+    std::int64_t page = 0;      // 2 MiB (small pool) or 20 MiB (large pool)
+    std::int64_t mapped = 0;    // bytes currently mapped
+    int stream = 0;
+    bool small = false;
+};
+
+struct SegRec {  // one cudaMalloc segment
+    std::int64_t size = 0;
+    int stream = 0;
+    bool small = false;
+};
+
+struct CachingAllocator::Impl {
+    AllocatorConfig cfg;
+    std::int64_t capacity;
+    std::int64_t max_split;        // max_split_size (kNoLimit when unset)
+    std::int64_t max_non_split;    // max_non_split_rounding
+    std::int64_t large_buffer;     // kLargeBuffer / large_segment_size
+    bool gc_enabled;
+
+    BlockPool large_blocks{false};
+    BlockPool small_blocks{true};
+
+    std::deque<Block> storage;
+    std::vector<std::uint32_t> free_slots;
+    std::unordered_map<std::int64_t, SegRec> segs;      // cudaMalloc segments by base
+    std::vector<std::unique_ptr<ExpSeg>> exp_segs;      // live expandable segments
+    std::int64_t next_addr = std::int64_t{1} << 32;     // bump pointer for virtual addresses
+    AllocatorStats stats;
+
+    Impl(AllocatorConfig c, Bytes cap)
+        : cfg(std::move(c)),
+          capacity(cap.count()),
+          max_split(cfg.max_split_size ? cfg.max_split_size->count() : kNoLimit),
+          max_non_split(cfg.max_non_split_rounding.count()),
+          large_buffer(cfg.large_segment_size.count()),
+          gc_enabled(cfg.garbage_collection_threshold > 0.0) {
+        if (capacity < 0) throw std::invalid_argument("CachingAllocator: negative capacity");
+        if (large_buffer <= 0) throw std::invalid_argument("CachingAllocator: large_segment_size must be positive");
+    }
+
+    // --- block storage -----------------------------------------------------
+    Block* new_block(std::int64_t addr, std::int64_t size, int stream, BlockPool* pool, ExpSeg* es) {
+        Block* b;
+        if (!free_slots.empty()) {
+            b = &storage[free_slots.back()];
+            free_slots.pop_back();
+            const std::uint32_t slot = b->slot, gen = b->gen;
+            *b = Block{};
+            b->slot = slot;
+            b->gen = gen;
+        } else {
+            storage.emplace_back();
+            b = &storage.back();
+            b->slot = static_cast<std::uint32_t>(storage.size() - 1);
+        }
+        b->addr = addr;
+        b->size = size;
+        b->stream = stream;
+        b->pool = pool;
+        b->es = es;
+        b->live = true;
+        return b;
+    }
+    void delete_block(Block* b) {
+        b->live = false;
+        b->prev = b->next = nullptr;
+        free_slots.push_back(b->slot);
+    }
+
+    // --- stats helpers -----------------------------------------------------
+    void add_reserved(std::int64_t n) {
+        stats.reserved += Bytes(n);
+        stats.peak_reserved = max(stats.peak_reserved, stats.reserved);
+    }
+
+    // --- config-dependent rules --------------------------------------------
+    // CUDAAllocatorConfig::roundup_power2_divisions(size): interval index is
+    // floor(log2(size)) - 20 clamped to [0, 15] (sizes below 2 MiB use entry 0).
+    [[nodiscard]] std::int64_t divisions_for(std::int64_t size) const {
+        const auto& v = cfg.roundup_power2_divisions;
+        if (v.empty()) return 0;
+        if (v.size() == 1) return v[0];
+        int idx = floor_log2(static_cast<std::uint64_t>(size)) - 20;
+        idx = std::clamp(idx, 0, kRoundUpPowerOfTwoIntervals - 1);
+        return static_cast<std::size_t>(idx) < v.size() ? v[static_cast<std::size_t>(idx)] : 0;
+    }
+
+    // roundup_power2_next_division: the next of `divisions` equal steps between
+    // the surrounding powers of two (powers of two are returned unchanged).
+    static std::int64_t roundup_power2_next_division(std::int64_t size, std::int64_t divisions) {
+        const auto u = static_cast<std::uint64_t>(size);
+        if (std::has_single_bit(u)) return size;
+        const std::uint64_t floor2 = std::bit_floor(u);
+        const std::uint64_t step = floor2 >> floor_log2(static_cast<std::uint64_t>(divisions));
+        if (step == 0) return static_cast<std::int64_t>(floor2 << 1);
+        const std::uint64_t down = u & ~(step - 1);
+        return static_cast<std::int64_t>(down == u ? u : down + step);
+    }
+
+    // round_size: < 512 -> 512; with divisions d > 1 and size > 512*d ->
+    // roundup_power2_next_division; else up to a multiple of 512.
+    [[nodiscard]] std::int64_t round_size(std::int64_t size) const {
+        if (size < kMinBlockSize) return kMinBlockSize;
+        const std::int64_t d = divisions_for(size);
+        if (d > 1 && size > kMinBlockSize * d) return roundup_power2_next_division(size, d);
+        return round_up(size, kMinBlockSize);
+    }
+
+    // get_allocation_size: segment size cudaMalloc is asked for.
+    [[nodiscard]] std::int64_t get_allocation_size(std::int64_t size) const {
+        if (size <= kSmallSize) return kSmallBuffer;
+        if (size < kMinLargeAlloc) return large_buffer;
+        return round_up(size, kRoundLarge);
+    }
+
+    // get_pool: rounded size <= kSmallSize -> small pool.
+    BlockPool& get_pool(std::int64_t size) { return size <= kSmallSize ? small_blocks : large_blocks; }
+
+    // should_split: small pool or expandable_segments -> remainder >= 512 B;
+    // large pool -> request below max_split_size and remainder > kSmallSize.
+    [[nodiscard]] bool should_split(const Block* block, std::int64_t size) const {
+        const std::int64_t remaining = block->size - size;
+        if (block->pool->is_small || cfg.expandable_segments) return remaining >= kMinBlockSize;
+        return size < max_split && remaining > kSmallSize;
+    }
+
+    struct Params {
+        std::int64_t size;        // rounded request
+        int stream;
+        BlockPool* pool;
+        std::int64_t alloc_size;  // get_allocation_size(size)
+        Block* block = nullptr;
+    };
+
+    // get_free_block: best fit = lower_bound on (stream, size, address 0).
+    bool get_free_block(Params& p) {
+        BlockPool& pool = *p.pool;
+        if (gc_enabled) ++pool.get_free_blocks_call_count;  // ages for garbage collection
+        Block key;
+        key.stream = p.stream;
+        key.size = p.size;
+        key.addr = std::numeric_limits<std::int64_t>::min();
+        auto it = pool.blocks.lower_bound(&key);
+        if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+        if ((*it)->es) {
+            // Expandable segments: for best fit a block followed by unmapped space
+            // counts with the size it could expand to; prefer a later block whose
+            // expandable size is smaller.
+            auto expandable_size = [](const Block* b) {
+                return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+            };
+            auto next = std::next(it);
+            while ((*it)->es && next != pool.blocks.end() && (*next)->stream == p.stream &&
+                   expandable_size(*next) < expandable_size(*it)) {
+                it = next++;
+            }
+        }
+        // Do not return an oversize block for a request below max_split_size.
+        if (p.size < max_split && (*it)->size >= max_split) return false;
+        // An oversize block serves a large request only within max_non_split_rounding
+        // (kLargeBuffer before max_non_split_rounding_mb existed; same default).
+        if (p.size >= max_split && (*it)->size >= p.size + max_non_split) return false;
+        p.block = *it;
+        pool.blocks.erase(it);
+        return true;
+    }
+
+    // alloc_block: a new segment from cudaMalloc (or mapped pages when expandable).
+    bool alloc_block(Params& p, bool is_retry) {
+        if (is_retry) ++stats.alloc_retries;
+        if (cfg.expandable_segments) {
+            p.block = try_allocate_expandable_block(p.stream, p.pool, p.size);
+            return p.block != nullptr;
+        }
+        if (stats.reserved.count() + p.alloc_size > capacity) return false;  // cudaErrorMemoryAllocation
+        const std::int64_t addr = next_addr;
+        next_addr += round_up(p.alloc_size, kRoundLarge);
+        p.block = new_block(addr, p.alloc_size, p.stream, p.pool, nullptr);
+        segs.emplace(addr, SegRec{p.alloc_size, p.stream, p.pool->is_small});
+        ++stats.segments;
+        ++stats.cuda_mallocs;
+        add_reserved(p.alloc_size);
+        return true;
+    }
+
+    // release_block: cudaFree of a whole (unsplit) cached segment.
+    void release_block(Block* b) {
+        --stats.segments;
+        ++stats.cuda_frees;
+        stats.reserved -= Bytes(b->size);
+        b->pool->blocks.erase(b);
+        segs.erase(b->addr);
+        delete_block(b);
+    }
+
+    // release_available_cached_blocks: with max_split_size set, free the smallest
+    // oversize cached block >= max(request, max_split_size); if there is none,
+    // free oversize blocks from the largest down until enough bytes were freed.
+    bool release_available_cached_blocks(const Params& p) {
+        if (max_split == kNoLimit) return false;
+        BlockPool& pool = *p.pool;
+        Block key;
+        key.stream = p.stream;
+        key.size = std::max(p.size, max_split);
+        key.addr = std::numeric_limits<std::int64_t>::min();
+        auto it = pool.blocks.lower_bound(&key);
+        if (it == pool.blocks.end() || (*it)->stream != p.stream) {
+            if (it == pool.blocks.begin()) return false;
+            std::int64_t released = 0;
+            --it;
+            while (released < key.size && (*it)->size >= max_split && (*it)->stream == p.stream) {
+                Block* cur = *it;
+                if (cur->es || cur->is_split()) break;  // the source asserts these never occur here
+                released += cur->size;
+                if (it != pool.blocks.begin()) {
+                    --it;
+                    release_block(cur);
+                } else {
+                    release_block(cur);
+                    break;
+                }
+            }
+            if (released < key.size) return false;
+        } else {
+            if ((*it)->es || (*it)->is_split()) return false;
+            release_block(*it);
+        }
+        return true;
+    }
+
+    // release_blocks: cudaFree every unsplit cached block of the pool; unmap the
+    // wholly free pages of expandable segments (and drop fully unmapped ones).
+    void release_blocks(BlockPool& pool) {
+        std::vector<Block*> to_unmap;
+        for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
+            Block* b = *it;
+            ++it;
+            if (b->es) {
+                to_unmap.push_back(b);
+            } else if (!b->is_split()) {
+                release_block(b);
+            }
+        }
+        for (Block* b : to_unmap) {
+            unmap_block(b);
+            if (!b->mapped && !b->is_split()) release_expandable_segment(b);
+        }
+    }
+
+    // release_cached_blocks (emptyCache): large pool, then small pool.
+    void release_cached_blocks() {
+        release_blocks(large_blocks);
+        release_blocks(small_blocks);
+    }
+
+    // garbage_collect_cached_blocks: when reserved exceeds threshold * capacity,
+    // free unsplit large cached blocks whose age (get_free_block calls on the pool
+    // since they became free) is at least the average age, repeating until the
+    // excess is reclaimed or nothing more can be freed.
+    void garbage_collect_cached_blocks() {
+        const auto gc_threshold = static_cast<std::int64_t>(cfg.garbage_collection_threshold *
+                                                            static_cast<double>(capacity));
+        const std::int64_t total = stats.reserved.count();
+        if (total <= gc_threshold) return;
+        const std::int64_t target = total - gc_threshold;
+        std::int64_t reclaimed = 0;
+        BlockPool& pool = large_blocks;
+        auto age = [&pool](const Block* b) { return pool.get_free_blocks_call_count - b->gc_count_base; };
+        std::int64_t total_age = 0;
+        std::int64_t freeable = 0;
+        for (const Block* b : pool.blocks) {
+            if (!b->is_split() && !b->es) {
+                total_age += age(b);
+                ++freeable;
+            }
+        }
+        if (freeable == 0) return;
+        bool block_freed = true;
+        while (reclaimed < target && block_freed && freeable > 0) {
+            const double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
+            block_freed = false;
+            for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
+                Block* b = *it;
+                ++it;
+                if (!b->is_split() && !b->es && static_cast<double>(age(b)) >= age_threshold) {
+                    block_freed = true;
+                    reclaimed += b->size;
+                    total_age -= age(b);
+                    --freeable;
+                    release_block(b);
+                }
+            }
+        }
+    }
+
+    // --- expandable segments -------------------------------------------------
+    static bool allocatable(const Block* b) { return b != nullptr && !b->allocated; }
+
+    // find_expandable_block: the lowest-address run of free/unmapped blocks of
+    // this stream's segments with room for `size`; else a new segment.
+    Block* find_expandable_block(int stream, BlockPool* pool, std::int64_t size) {
+        auto has_space = [size](const Block* b) {
+            std::int64_t bytes = 0;
+            while (bytes < size && allocatable(b)) {
+                bytes += b->size;
+                b = b->next;
+            }
+            return bytes >= size;
+        };
+        Block key;
+        key.stream = stream;
+        key.addr = std::numeric_limits<std::int64_t>::min();
+        for (auto it = pool->unmapped.lower_bound(&key); it != pool->unmapped.end() && (*it)->stream == stream; ++it) {
+            Block* c = *it;
+            if (allocatable(c->prev)) c = c->prev;  // a free block right before the gap
+            if (has_space(c)) return c;
+        }
+        auto es = std::make_unique<ExpSeg>();
+        es->page = pool->is_small ? kSmallBuffer : large_buffer;
+        // ExpandableSegment: address space for 1 1/8 of the device memory.
+        const std::int64_t want = capacity > kMaxExpandableAddressSpace ? kMaxExpandableAddressSpace
+                                                                         : capacity + capacity / 8;
+        es->size = std::max(es->page, round_up(std::max<std::int64_t>(want, 1), es->page));
+        es->base = next_addr;
+        es->stream = stream;
+        es->small = pool->is_small;
+        next_addr += round_up(es->size, kRoundLarge);
+        Block* candidate = new_block(es->base, es->size, stream, pool, es.get());
+        candidate->mapped = false;
+        pool->unmapped.insert(candidate);
+        exp_segs.push_back(std::move(es));
+        return candidate;
+    }
+
+    // map_block + ExpandableSegment::map: map the pages covering
+    // [to_map, to_map + size); fails (maps nothing) if the pages do not fit.
+    bool map_block(Block* to_map, std::int64_t size) {
+        ExpSeg& es = *to_map->es;
+        const std::int64_t begin = (to_map->addr - es.base) / es.page;
+        const std::int64_t end = (to_map->addr + size - es.base + es.page - 1) / es.page;
+        const std::int64_t mapped_size = (end - begin) * es.page;
+        if (mapped_size == 0) return false;
+        if (stats.reserved.count() + mapped_size > capacity) return false;  // cuMemCreate OOM
+        BlockPool& pool = *to_map->pool;
+        pool.unmapped.erase(to_map);
+        to_map->mapped = true;
+        if (mapped_size < to_map->size) {
+            Block* remaining = new_block(to_map->addr + mapped_size, to_map->size - mapped_size, to_map->stream,
+                                         &pool, to_map->es);
+            remaining->mapped = false;
+            remaining->prev = to_map;
+            remaining->next = to_map->next;
+            if (to_map->next) to_map->next->prev = remaining;
+            to_map->next = remaining;
+            pool.unmapped.insert(remaining);
+            to_map->size = mapped_size;
+        }
+        try_merge_blocks(to_map, to_map->prev, pool);
+        try_merge_blocks(to_map, to_map->next, pool);
+        pool.insert_into_blocks(to_map);
+        if (es.mapped == 0) ++stats.segments;  // counted while it holds memory
+        es.mapped += mapped_size;
+        ++stats.cuda_mallocs;
+        add_reserved(mapped_size);
+        return true;
+    }
+
+    // try_allocate_expandable_block
+    Block* try_allocate_expandable_block(int stream, BlockPool* pool, std::int64_t size) {
+        Block* candidate = find_expandable_block(stream, pool, size);
+        if (!candidate->mapped && !map_block(candidate, std::min(candidate->size, size))) return nullptr;
+        while (candidate->size < size) {
+            // candidate is free and mapped, followed by unmapped space
+            const std::int64_t remaining = size - candidate->size;
+            Block* next = candidate->next;
+            if (!map_block(next, std::min(remaining, next->size))) return nullptr;
+            candidate = next;  // map_block merged the old candidate into `next`
+        }
+        pool->blocks.erase(candidate);
+        return candidate;
+    }
+
+    // unmap_block + ExpandableSegment::unmap: unmap the whole pages inside a
+    // free block; the partial pages at either end stay mapped as free blocks.
+    void unmap_block(Block* block) {
+        ExpSeg& es = *block->es;
+        const std::int64_t begin = (block->addr - es.base + es.page - 1) / es.page;
+        const std::int64_t end = (block->addr + block->size - es.base) / es.page;
+        if (begin >= end) return;
+        BlockPool& pool = *block->pool;
+        pool.blocks.erase(block);
+        const std::int64_t uptr = es.base + begin * es.page;
+        const std::int64_t usize = (end - begin) * es.page;
+        const std::int64_t before = uptr - block->addr;
+        if (before > 0) {
+            Block* b = new_block(block->addr, before, block->stream, &pool, block->es);
+            b->prev = block->prev;
+            if (b->prev) b->prev->next = b;
+            b->next = block;
+            block->prev = b;
+            pool.insert_into_blocks(b);
+        }
+        const std::int64_t after = block->size - (before + usize);
+        if (after > 0) {
+            Block* a = new_block(uptr + usize, after, block->stream, &pool, block->es);
+            a->next = block->next;
+            if (a->next) a->next->prev = a;
+            a->prev = block;
+            block->next = a;
+            pool.insert_into_blocks(a);
+        }
+        block->addr = uptr;
+        block->size = usize;
+        block->mapped = false;
+        try_merge_blocks(block, block->prev, pool);
+        try_merge_blocks(block, block->next, pool);
+        pool.unmapped.insert(block);
+        es.mapped -= usize;
+        if (es.mapped == 0) --stats.segments;
+        stats.reserved -= Bytes(usize);
+        ++stats.cuda_frees;
+    }
+
+    // release_expandable_segment: a segment whose whole range is unmapped. (As in
+    // the source, a segment created by find_expandable_block whose first mapping
+    // failed stays, unmapped, until release_blocks meets it again; it holds no
+    // memory and is not counted in stats.segments.)
+    void release_expandable_segment(Block* block) {
+        ExpSeg* es = block->es;
+        block->pool->unmapped.erase(block);
+        delete_block(block);
+        auto it = std::find_if(exp_segs.begin(), exp_segs.end(), [es](const auto& p) { return p.get() == es; });
+        if (it != exp_segs.end()) exp_segs.erase(it);
+    }
+
+    // --- merge / split -------------------------------------------------------
+    // try_merge_blocks: absorb a free neighbour with the same mapped state.
+    std::int64_t try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
+        if (!src || src->allocated || dst->mapped != src->mapped) return 0;
+        if (dst->prev == src) {  // [src dst]
+            dst->addr = src->addr;
+            dst->prev = src->prev;
+            if (dst->prev) dst->prev->next = dst;
+        } else {  // [dst src]
+            dst->next = src->next;
+            if (dst->next) dst->next->prev = dst;
+        }
+        const std::int64_t subsumed = src->size;
+        dst->size += subsumed;
+        if (src->mapped) {
+            pool.blocks.erase(src);
+        } else {
+            pool.unmapped.erase(src);
+        }
+        delete_block(src);
+        return subsumed;
+    }
+
+    // alloc_found_block: split off the low addresses for the request (the old
+    // Block object keeps the remainder and returns to the pool), mark allocated.
+    Block* alloc_found_block(const Params& p, std::int64_t orig_size, bool split) {
+        Block* block = p.block;
+        if (split) {
+            Block* remaining = block;
+            block = new_block(remaining->addr, p.size, p.stream, p.pool, remaining->es);
+            block->prev = remaining->prev;
+            if (block->prev) block->prev->next = block;
+            block->next = remaining;
+            remaining->prev = block;
+            remaining->addr += p.size;
+            remaining->size -= p.size;
+            p.pool->insert_into_blocks(remaining);
+        }
+        block->allocated = true;
+        block->requested = orig_size;
+        // 31-bit generation (>= 1): handles stay positive and never equal kNullBlock.
+        block->gen = block->gen >= 0x7fffffffU ? 1U : block->gen + 1U;
+        stats.allocated += Bytes(block->size);
+        stats.requested += Bytes(orig_size);
+        stats.peak_allocated = max(stats.peak_allocated, stats.allocated);
+        stats.peak_requested = max(stats.peak_requested, stats.requested);
+        ++stats.allocations;
+        return block;
+    }
+
+    // free_block: merge with free neighbours, return to the pool.
+    void free_block(Block* block) {
+        BlockPool& pool = *block->pool;
+        try_merge_blocks(block, block->prev, pool);
+        try_merge_blocks(block, block->next, pool);
+        pool.insert_into_blocks(block);
+    }
+
+    // --- public operations ---------------------------------------------------
+    [[nodiscard]] std::int64_t largest_free() const {
+        std::int64_t best = 0;
+        for (const BlockPool* pool : {&large_blocks, &small_blocks}) {
+            // Sets are ordered by stream first: the largest block of each stream
+            // is the last one before the next stream starts.
+            auto it = pool->blocks.end();
+            while (it != pool->blocks.begin()) {
+                --it;
+                best = std::max(best, (*it)->size);
+                Block key;
+                key.stream = (*it)->stream;
+                key.size = std::numeric_limits<std::int64_t>::min();
+                key.addr = std::numeric_limits<std::int64_t>::min();
+                it = pool->blocks.lower_bound(&key);
+            }
+        }
+        return best;
+    }
+
+    AllocResult malloc(std::int64_t orig_size, int stream) {
+        if (orig_size < 0) throw std::invalid_argument("CachingAllocator::malloc: negative size");
+        AllocResult r;
+        if (orig_size == 0) {  // PyTorch hands out nullptr for 0 bytes without allocating
+            r.ok = true;
+            r.handle = kNullBlock;
+            return r;
+        }
+        // malloc: round, pick the pool, best fit, else a new segment with retries.
+        const std::int64_t size = round_size(orig_size);
+        BlockPool& pool = get_pool(size);
+        Params p{size, stream, &pool, get_allocation_size(size)};
+        bool found = get_free_block(p);
+        if (!found) {
+            if (gc_enabled) garbage_collect_cached_blocks();
+            found = alloc_block(p, false) || (release_available_cached_blocks(p) && alloc_block(p, false)) ||
+                    (release_cached_blocks(), alloc_block(p, true));
+        }
+        if (!found) {
+            ++stats.ooms;
+            OomInfo o;
+            o.requested = Bytes(size);
+            o.alloc_size = Bytes(p.alloc_size);
+            o.allocated = stats.allocated;
+            o.reserved = stats.reserved;
+            o.capacity = Bytes(capacity);
+            o.device_free = Bytes(std::max<std::int64_t>(0, capacity - stats.reserved.count()));
+            o.largest_free_block = Bytes(largest_free());
+            r.ok = false;
+            r.oom = o;
+            return r;
+        }
+        const bool split = should_split(p.block, size);
+        Block* b = alloc_found_block(p, orig_size, split);
+        r.ok = true;
+        r.handle = (static_cast<std::int64_t>(b->gen) << 32) | static_cast<std::int64_t>(b->slot);
+        r.block_size = Bytes(b->size);
+        return r;
+    }
+
+    void free(BlockHandle h) {
+        if (h == kNullBlock) return;
+        const auto slot = static_cast<std::uint64_t>(h) & 0xffffffffULL;
+        const auto gen = static_cast<std::uint32_t>(static_cast<std::uint64_t>(h) >> 32);
+        if (h < 0 || slot >= storage.size()) throw std::invalid_argument("CachingAllocator::free: invalid handle");
+        Block* b = &storage[slot];
+        if (!b->live || !b->allocated || b->gen != gen)
+            throw std::invalid_argument("CachingAllocator::free: handle is not an allocated block (double free?)");
+        // free: stats first, then free_block.
+        b->allocated = false;
+        stats.allocated -= Bytes(b->size);
+        stats.requested -= Bytes(b->requested);
+        --stats.allocations;
+        b->requested = 0;
+        free_block(b);
+    }
+
+    // --- inspection ----------------------------------------------------------
+    [[nodiscard]] std::vector<const Block*> heads() const {
+        std::vector<const Block*> out;
+        for (const Block& b : storage)
+            if (b.live && b.prev == nullptr) out.push_back(&b);
+        return out;
+    }
+
+    [[nodiscard]] std::vector<SegmentInfo> segments() const {
+        std::vector<SegmentInfo> out;
+        for (const Block* head : heads()) {
+            const Block* b = head;
+            while (b) {
+                if (!b->mapped) {
+                    b = b->next;
+                    continue;
+                }
+                // one SegmentInfo per contiguous mapped range (snapshot())
+                SegmentInfo s;
+                s.address = b->addr;
+                s.stream = b->stream;
+                s.small_pool = b->pool->is_small;
+                s.expandable = b->es != nullptr;
+                while (b && b->mapped) {
+                    s.blocks.push_back(BlockInfo{b->addr, Bytes(b->size), Bytes(b->requested), b->allocated});
+                    s.size += Bytes(b->size);
+                    b = b->next;
+                }
+                out.push_back(std::move(s));
+            }
+        }
+        std::sort(out.begin(), out.end(), [](const SegmentInfo& a, const SegmentInfo& c) { return a.address < c.address; });
+        return out;
+    }
+
+    [[noreturn]] static void violation(const std::string& what) {
+        throw std::logic_error("CachingAllocator invariant violated: " + what);
+    }
+
+    void check_invariants() const {
+        std::int64_t allocated = 0, requested = 0, reserved = 0, allocations = 0;
+        std::size_t free_mapped = 0, free_unmapped = 0;
+        std::int64_t n_segs = 0, n_es = 0, n_es_objects = 0;
+        std::unordered_set<const ExpSeg*> seen_es;
+        for (const Block* head : heads()) {
+            const Block* b = head;
+            std::int64_t seg_size = 0, mapped = 0;
+            const std::int64_t base = head->addr;
+            while (b) {
+                if (!b->live) violation("dead block linked into a segment");
+                if (b->size <= 0) violation("block of non-positive size");
+                if (b->next) {
+                    if (b->next->prev != b) violation("broken prev/next links");
+                    if (b->addr + b->size != b->next->addr) violation("blocks not contiguous");
+                    if (b->next->stream != b->stream || b->next->pool != b->pool || b->next->es != b->es)
+                        violation("blocks of one segment disagree on stream/pool/segment");
+                    if (!b->allocated && !b->next->allocated && b->mapped == b->next->mapped)
+                        violation("two adjacent free blocks were not merged");
+                }
+                if (!b->mapped && (b->allocated || !b->es)) violation("unmapped block allocated or outside an expandable segment");
+                if (b->allocated) {
+                    allocated += b->size;
+                    requested += b->requested;
+                    ++allocations;
+                    if (b->pool->blocks.count(const_cast<Block*>(b))) violation("allocated block in a free pool");
+                } else if (b->mapped) {
+                    ++free_mapped;
+                    auto it = b->pool->blocks.find(const_cast<Block*>(b));
+                    if (it == b->pool->blocks.end() || *it != b) violation("free block missing from its pool");
+                } else {
+                    ++free_unmapped;
+                    auto it = b->pool->unmapped.find(const_cast<Block*>(b));
+                    if (it == b->pool->unmapped.end() || *it != b) violation("unmapped block missing from the unmapped set");
+                    if ((b->addr - b->es->base) % b->es->page != 0 || b->size % b->es->page != 0)
+                        violation("unmapped range not page aligned");
+                }
+                if (b->pool->is_small != (b->pool == &small_blocks)) violation("pool flag");
+                seg_size += b->size;
+                if (b->mapped) mapped += b->size;
+                b = b->next;
+            }
+            if (head->es) {
+                if (!seen_es.insert(head->es).second) violation("two heads for one expandable segment");
+                if (base != head->es->base || seg_size != head->es->size) violation("expandable segment range");
+                if (mapped != head->es->mapped) violation("expandable segment mapped bytes");
+                if (mapped > 0) ++n_es;
+                ++n_es_objects;
+            } else {
+                auto it = segs.find(base);
+                if (it == segs.end() || it->second.size != seg_size) violation("segment size differs from the cudaMalloc size");
+                if (it->second.small != head->pool->is_small || it->second.stream != head->stream)
+                    violation("segment record pool/stream");
+                ++n_segs;
+            }
+            reserved += mapped;
+        }
+        if (n_segs != static_cast<std::int64_t>(segs.size())) violation("segment records without blocks");
+        if (n_es_objects != static_cast<std::int64_t>(exp_segs.size())) violation("expandable segments without blocks");
+        if (free_mapped != small_blocks.blocks.size() + large_blocks.blocks.size())
+            violation("pool sets hold blocks that are not free blocks of a segment");
+        if (free_unmapped != small_blocks.unmapped.size() + large_blocks.unmapped.size())
+            violation("unmapped sets hold stray blocks");
+        if (stats.allocated.count() != allocated) violation("stats.allocated != sum of allocated blocks");
+        if (stats.requested.count() != requested) violation("stats.requested != sum of requested sizes");
+        if (stats.reserved.count() != reserved) violation("stats.reserved != sum of mapped segment bytes");
+        if (stats.allocations != allocations) violation("stats.allocations != allocated blocks");
+        if (stats.segments != n_segs + n_es) violation("stats.segments != segments");
+        if (stats.peak_allocated < stats.allocated || stats.peak_reserved < stats.reserved ||
+            stats.peak_requested < stats.requested)
+            violation("a peak below its current value");
+        if (stats.reserved.count() > capacity) violation("reserved above capacity");
+    }
+};
+
+// ---------------------------------------------------------------------------
+
+CachingAllocator::CachingAllocator(AllocatorConfig cfg, Bytes capacity) : impl_(new Impl(std::move(cfg), capacity)) {}
+CachingAllocator::~CachingAllocator() { delete impl_; }
+CachingAllocator::CachingAllocator(CachingAllocator&& o) noexcept : impl_(o.impl_) { o.impl_ = nullptr; }
+CachingAllocator& CachingAllocator::operator=(CachingAllocator&& o) noexcept {
+    if (this != &o) {
+        delete impl_;
+        impl_ = o.impl_;
+        o.impl_ = nullptr;
+    }
+    return *this;
+}
+
+AllocResult CachingAllocator::malloc(Bytes size, int stream) {
+    AllocResult r = impl_->malloc(size.count(), stream);
+#ifdef GPUMEM_ALLOCATOR_CHECKS
+    impl_->check_invariants();
+#endif
+    return r;
+}
+
+void CachingAllocator::free(BlockHandle h) {
+    impl_->free(h);
+#ifdef GPUMEM_ALLOCATOR_CHECKS
+    impl_->check_invariants();
+#endif
+}
+
+void CachingAllocator::empty_cache() {
+    impl_->release_cached_blocks();
+#ifdef GPUMEM_ALLOCATOR_CHECKS
+    impl_->check_invariants();
+#endif
+}
+
+void CachingAllocator::reset_peaks() {
+    AllocatorStats& s = impl_->stats;
+    s.peak_allocated = s.allocated;
+    s.peak_reserved = s.reserved;
+    s.peak_requested = s.requested;
+}
+
+const AllocatorStats& CachingAllocator::stats() const { return impl_->stats; }
+Bytes CachingAllocator::largest_free_block() const { return Bytes(impl_->largest_free()); }
+std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->segments(); }
+const AllocatorConfig& CachingAllocator::config() const { return impl_->cfg; }
+Bytes CachingAllocator::round_size(Bytes size) const { return Bytes(impl_->round_size(size.count())); }
+void CachingAllocator::check_invariants() const { impl_->check_invariants(); }
+
+// ---------------------------------------------------------------------------
+// AllocatorConfig::parse — PYTORCH_CUDA_ALLOC_CONF syntax, after
+// CUDAAllocatorConfig::lexArgs / parseArgs (2.4-2.8) and
+// AcceleratorAllocatorConfig::parseArgs (c10/core/AllocatorConfig.cpp, 2.9+).
+
+namespace {
+
+constexpr const char* kField = "--alloc-conf";
+constexpr const char* kKnownKeys =
+    "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, garbage_collection_threshold, "
+    "expandable_segments, large_segment_size_mb, backend, release_lock_on_cudamalloc, "
+    "pinned_use_cuda_host_register, pinned_num_register_threads, pinned_reserve_segment_size_mb, "
+    "pinned_use_background_threads, graph_capture_record_stream_reuse";
+
+[[noreturn]] void conf_fail(const std::string& msg, ErrorCode code = ErrorCode::InvalidArgument) {
+    fail(code, kField, std::string(kField) + ": " + msg);
+}
+
+// lexArgs: ',', ':', '[' and ']' are tokens of their own; spaces are dropped.
+std::vector<std::string> lex(std::string_view s) {
+    std::vector<std::string> out;
+    std::string buf;
+    for (char ch : s) {
+        if (ch == ',' || ch == ':' || ch == '[' || ch == ']') {
+            if (!buf.empty()) {
+                out.push_back(buf);
+                buf.clear();
+            }
+            out.emplace_back(1, ch);
+        } else if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') {
+            buf.push_back(ch);
+        }
+    }
+    if (!buf.empty()) out.push_back(buf);
+    return out;
+}
+
+struct Tokens {
+    std::vector<std::string> t;
+    [[nodiscard]] const std::string& at(std::size_t i) const {
+        static const std::string end = "<end>";
+        return i < t.size() ? t[i] : end;
+    }
+    void expect(std::size_t i, const char* tok, const std::string& after) const {
+        if (at(i) != tok)
+            conf_fail(std::string("expected '") + tok + "' after '" + after + "' (got '" + at(i) +
+                      "'); syntax: key:value[,key:value...]");
+    }
+};
+
+std::int64_t to_int(const std::string& tok, const std::string& key, const char* what) {
+    std::int64_t v = 0;
+    const char* first = tok.data();
+    const char* last = tok.data() + tok.size();
+    auto [p, ec] = std::from_chars(first, last, v);
+    if (tok.empty() || ec != std::errc() || p != last || v < 0)
+        conf_fail(key + " expects " + what + " (got '" + tok + "')");
+    return v;
+}
+
+bool to_bool(const std::string& tok, const std::string& key) {
+    // 2.4-2.8 accept exactly True/False; 2.9's ConfigTokenizer::toBool also takes lower case.
+    if (tok == "True" || tok == "true") return true;
+    if (tok == "False" || tok == "false") return false;
+    conf_fail(key + " expects True or False (got '" + tok + "')");
+}
+
+bool pow2(std::int64_t v) { return v > 0 && std::has_single_bit(static_cast<std::uint64_t>(v)); }
+
+std::string fmt_double(double v) {
+    char buf[64];
+    auto [p, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    return ec == std::errc() ? std::string(buf, p) : std::to_string(v);
+}
+
+}  // namespace
+
+Result<AllocatorConfig> AllocatorConfig::parse(std::string_view conf) {
+    return capture([&]() -> AllocatorConfig {
+        AllocatorConfig c;
+        Tokens tk{lex(conf)};
+        for (std::size_t i = 0; i < tk.t.size(); ++i) {
+            const std::string key = tk.at(i);
+            auto value_after_colon = [&]() -> const std::string& {
+                tk.expect(++i, ":", key);
+                ++i;
+                if (i >= tk.t.size()) conf_fail("missing value for " + key + "; syntax: " + key + ":VALUE");
+                return tk.at(i);
+            };
+            if (key == "max_split_size_mb") {
+                // parseMaxSplitSize: 2.4-2.8 require > kLargeBuffer/MiB = 20
+                // ("max_split_size_mb too small, must be > 20"); 2.9 accepts >= 20.
+                const std::int64_t v = to_int(value_after_colon(), key, "a whole number of MiB");
+                if (v <= 20) conf_fail("max_split_size_mb must be > 20 (got " + std::to_string(v) + ")");
+                c.max_split_size = Bytes(std::min(v, kNoLimit / kMiB) * kMiB);
+            } else if (key == "max_non_split_rounding_mb") {
+                // parseMaxNonSplitRoundingSize: same bound as max_split_size_mb.
+                const std::int64_t v = to_int(value_after_colon(), key, "a whole number of MiB");
+                if (v <= 20) conf_fail("max_non_split_rounding_mb must be > 20 (got " + std::to_string(v) + ")");
+                c.max_non_split_rounding = Bytes(std::min(v, kNoLimit / kMiB) * kMiB);
+            } else if (key == "large_segment_size_mb") {
+                // parseLargeSegmentSize (newest AllocatorConfig.cpp): must be > kMinLargeAlloc/MiB = 10.
+                const std::int64_t v = to_int(value_after_colon(), key, "a whole number of MiB");
+                if (v <= 10) conf_fail("large_segment_size_mb must be > 10 (got " + std::to_string(v) + ")");
+                c.large_segment_size = Bytes(std::min(v, kNoLimit / kMiB) * kMiB);
+            } else if (key == "garbage_collection_threshold") {
+                // parseGarbageCollectionThreshold: strictly between 0 and 1.
+                const std::string& tok = value_after_colon();
+                char* endp = nullptr;
+                const double v = std::strtod(tok.c_str(), &endp);
+                if (tok.empty() || endp != tok.c_str() + tok.size() || !std::isfinite(v))
+                    conf_fail("garbage_collection_threshold expects a number in (0.0, 1.0) (got '" + tok + "')");
+                if (!(v > 0.0 && v < 1.0))
+                    conf_fail("garbage_collection_threshold must be in (0.0, 1.0), exclusive (got " + tok + ")");
+                c.garbage_collection_threshold = v;
+            } else if (key == "roundup_power2_divisions") {
+                // parseRoundUpPower2Divisions: one power of two for every size, or
+                // [MiB:divisions,...,>:divisions] per power-of-two interval.
+                tk.expect(++i, ":", key);
+                ++i;
+                if (i >= tk.t.size()) conf_fail("missing value for roundup_power2_divisions; syntax: roundup_power2_divisions:4 or [256:1,512:2,>:4]");
+                if (tk.at(i) == "[") {
+                    std::vector<int> v(kRoundUpPowerOfTwoIntervals, 0);
+                    bool first_value = true;
+                    std::size_t last_index = 0;
+                    bool closed = false;
+                    while (++i < tk.t.size()) {
+                        if (tk.at(i) == "]") {
+                            closed = true;
+                            break;
+                        }
+                        const std::string interval = tk.at(i);
+                        tk.expect(++i, ":", interval);
+                        const std::int64_t d = to_int(tk.at(++i), "roundup_power2_divisions", "a number of divisions");
+                        if (d != 0 && !pow2(d))
+                            conf_fail("roundup_power2_divisions: divisions must be 0 or a power of 2 (got " +
+                                      std::to_string(d) + " for '" + interval + "')");
+                        const int dv = static_cast<int>(std::min<std::int64_t>(d, 1 << 30));
+                        if (interval == ">") {
+                            // 2.4-2.8 fill from last_index (overwriting the last explicit
+                            // interval); 2.9 fills from last_index + 1. We follow 2.4-2.8.
+                            std::fill(v.begin() + static_cast<std::ptrdiff_t>(last_index), v.end(), dv);
+                        } else {
+                            const std::int64_t mb = to_int(interval, "roundup_power2_divisions", "an interval in MiB (a power of 2) or '>'");
+                            if (!pow2(mb))
+                                conf_fail("roundup_power2_divisions: interval must be a power of 2 in MiB or '>' (got '" +
+                                          interval + "'); syntax: [256:1,512:2,>:4]");
+                            std::size_t index = static_cast<std::size_t>(floor_log2(static_cast<std::uint64_t>(mb)));
+                            index = std::min(index, v.size() - 1);
+                            if (first_value) {
+                                std::fill(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(index), dv);
+                                first_value = false;
+                            }
+                            v[index] = dv;
+                            last_index = index;
+                        }
+                        if (i + 1 >= tk.t.size()) break;  // reported as a missing ']'
+                        if (tk.at(i + 1) != "]") tk.expect(++i, ",", interval + ":" + std::to_string(d));
+                    }
+                    if (!closed) conf_fail("roundup_power2_divisions: missing ']'; syntax: [256:1,512:2,>:4]");
+                    c.roundup_power2_divisions = std::move(v);
+                } else {
+                    const std::int64_t d = to_int(tk.at(i), key, "a power of 2 or a list like [256:1,512:2,>:4]");
+                    if (!pow2(d))
+                        conf_fail("roundup_power2_divisions must be a power of 2 (got " + std::to_string(d) +
+                                  "); or a list like [256:1,512:2,>:4]");
+                    c.roundup_power2_divisions = {static_cast<int>(std::min<std::int64_t>(d, 1 << 30))};
+                }
+            } else if (key == "expandable_segments") {
+                c.expandable_segments = to_bool(value_after_colon(), key);
+            } else if (key == "backend") {
+                const std::string& v = value_after_colon();
+                if (v == "cudaMallocAsync")
+                    conf_fail("backend:cudaMallocAsync is not simulated (only the native caching allocator); use backend:native",
+                              ErrorCode::Unsupported);
+                if (v != "native") conf_fail("backend expects native or cudaMallocAsync (got '" + v + "')");
+            } else if (key == "release_lock_on_cudamalloc" || key == "pinned_use_cuda_host_register" ||
+                       key == "pinned_use_background_threads" || key == "graph_capture_record_stream_reuse") {
+                (void)to_bool(value_after_colon(), key);  // no effect on device memory
+            } else if (key == "pinned_num_register_threads" || key == "pinned_reserve_segment_size_mb") {
+                (void)to_int(value_after_colon(), key, "a whole number");  // host memory only
+            } else {
+                conf_fail("unknown option '" + key + "' (known: " + kKnownKeys + ")");
+            }
+            if (i + 1 < tk.t.size()) tk.expect(++i, ",", key);
+        }
+        return c;
+    });
+}
+
+std::string AllocatorConfig::to_string() const {
+    std::string s;
+    auto add = [&s](const std::string& kv) {
+        if (!s.empty()) s += ',';
+        s += kv;
+    };
+    if (max_split_size) add("max_split_size_mb:" + std::to_string(max_split_size->count() / kMiB));
+    if (max_non_split_rounding != MiB(20))
+        add("max_non_split_rounding_mb:" + std::to_string(max_non_split_rounding.count() / kMiB));
+    const auto& v = roundup_power2_divisions;
+    if (!v.empty()) {
+        const bool uniform = std::all_of(v.begin(), v.end(), [&](int d) { return d == v[0]; });
+        if (uniform && v[0] != 0) {
+            add("roundup_power2_divisions:" + std::to_string(v[0]));
+        } else if (!uniform) {
+            // Every interval explicitly, boundary 2^i MiB for interval i.
+            std::string l = "roundup_power2_divisions:[";
+            for (std::size_t i = 0; i < v.size(); ++i) {
+                if (i) l += ',';
+                l += std::to_string(std::int64_t{1} << i) + ":" + std::to_string(v[i]);
+            }
+            add(l + "]");
+        }
+    }
+    if (garbage_collection_threshold > 0.0)
+        add("garbage_collection_threshold:" + fmt_double(garbage_collection_threshold));
+    if (expandable_segments) add("expandable_segments:True");
+    if (large_segment_size != MiB(20)) add("large_segment_size_mb:" + std::to_string(large_segment_size.count() / kMiB));
+    return s;
+}
+
+}  // namespace gpumem::sim

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,51 @@ struct PerGpu {
     std::string peak_phase;   // "forward", "backward", "optimizer", "prefill", "decode"
 };
 
+// What the step simulation (sim/simulate.hpp) adds to an estimate. Plain data
+// so that renderers and front ends need not depend on the simulator.
+struct SimulationSummary {
+    struct Sample {
+        std::int64_t event = 0;
+        std::string phase;
+        std::int32_t step = 0;
+        Bytes allocated;
+        Bytes reserved;
+    };
+    struct Tensor {
+        Bytes size;
+        std::string label;
+        std::string phase;
+    };
+    struct PhasePeak {
+        std::string phase;
+        std::int32_t step = 0;
+        Bytes peak_allocated;
+        Bytes peak_reserved;
+    };
+    std::string allocator;      // "pytorch" or "none"
+    std::string alloc_conf;
+    std::int64_t events = 0;
+    Bytes first_step_peak_allocated;
+    Bytes first_step_peak_reserved;
+    Bytes steady_peak_allocated;    // the last simulated step
+    Bytes steady_peak_reserved;
+    std::string peak_phase;
+    std::int32_t peak_step = 0;
+    Bytes fragmentation_at_peak;    // reserved - allocated when allocated peaked
+    Bytes largest_free_block_at_peak;
+    std::vector<Tensor> top_at_peak;
+    std::vector<PhasePeak> phases;
+    std::vector<Sample> timeline;
+    // Live tensor bytes at the end of the first step's phases.
+    Bytes after_forward;
+    Bytes after_backward;
+    Bytes after_optimizer;
+    Bytes after_zero_grad;
+    bool oom = false;
+    std::string oom_detail;
+    std::vector<std::string> notes;
+};
+
 struct EstimateResult {
     EstimateRequest request;      // with defaults filled in
     std::string model_name;
@@ -80,6 +126,7 @@ struct EstimateResult {
     ActivationResult activation_detail;
     std::vector<std::string> assumptions;
     std::vector<std::string> warnings;
+    std::optional<SimulationSummary> simulation;  // absent on the analytic path
 };
 
 // Validates the request against the model (batch > 0, seq within limits,

@@ -30,6 +30,10 @@ enum class OptimizerImpl { Foreach, Fused, ForLoop };
 // optimizer.zero_grad(set_to_none=True) (PyTorch >= 2.0 default) frees
 // gradients after each step; set_to_none=False (PyTorch 1.x) keeps them.
 enum class ZeroGrad { SetToNone, Zero };
+// --allocator: `pytorch` simulates the CUDA caching allocator (rounding,
+// segments, caching, cuBLAS workspaces); `none` reports live tensor bytes only,
+// as PyTorch's CPU profiler sees them.
+enum class AllocatorKind { PyTorch, None };
 
 const char* to_string(Mode);
 const char* to_string(Precision);
@@ -39,6 +43,7 @@ const char* to_string(Attention);
 const char* to_string(Quant);
 const char* to_string(OptimizerImpl);
 const char* to_string(ZeroGrad);
+const char* to_string(AllocatorKind);
 
 struct EstimateRequest {
     std::string model;                 // preset name, path, or "" with params_count
@@ -61,6 +66,10 @@ struct EstimateRequest {
     std::string gpu = "H100-80GB";
     std::optional<Bytes> gpu_memory;   // overrides the catalog's capacity
     std::optional<Bytes> cuda_context; // overrides the CUDA context estimate
+    AllocatorKind allocator = AllocatorKind::PyTorch;
+    std::string alloc_conf;            // PYTORCH_CUDA_ALLOC_CONF syntax
+    std::optional<Bytes> cublas_workspace;  // overrides one cuBLAS workspace's size
+    bool analytic = false;             // skip the step simulation (fast path)
 };
 
 // Enum parsers used by every front end: the error names the flag and lists
@@ -73,6 +82,7 @@ Result<Attention> parse_attention(std::string_view s);
 Result<Quant> parse_quant(std::string_view s);
 Result<OptimizerImpl> parse_optimizer_impl(std::string_view s);
 Result<ZeroGrad> parse_zero_grad(std::string_view s);
+Result<AllocatorKind> parse_allocator(std::string_view s);
 // "24GiB", "80GB", "1.5 TiB", "512MiB", "1073741824" -> bytes.
 Result<Bytes> parse_size(std::string_view s, std::string_view field);
 

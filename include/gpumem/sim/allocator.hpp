@@ -15,7 +15,8 @@
 //   segment size       small: 2 MiB (kSmallBuffer); large < 10 MiB (kMinLargeAlloc):
 //                      20 MiB (kLargeBuffer); else rounded up to 2 MiB (kRoundLarge)
 //   best fit           smallest cached block of the same stream and pool with
-//                      size >= request, ties by lowest address
+//                      size >= request, ties by lowest address; only that one block
+//                      is considered (if the max_split rules refuse it: new segment)
 //   max_split_size     an oversize cached block (>= max_split_size) serves only
 //                      requests >= max_split_size, and only if it is smaller than
 //                      request + max_non_split_rounding (20 MiB)
@@ -24,8 +25,10 @@
 //   free               merge with free neighbours of the same segment
 //   OOM retry          free cached oversize blocks, then every wholly free segment
 //                      (empty_cache), then report OOM
-//   garbage collection with garbage_collection_threshold, free cached blocks by age
-//                      when reserved would exceed threshold * capacity
+//   garbage collection with garbage_collection_threshold, when no cached block fits
+//                      and reserved > threshold * capacity: free whole cached large
+//                      segments at least as old as the average (age = best-fit
+//                      searches since they were freed) until the excess is reclaimed
 //   expandable         one growing virtual segment per (stream, pool), 2 MiB/20 MiB pages
 //
 // "Out of memory" is an answer (AllocResult::oom), never an exception.
@@ -45,8 +48,12 @@ namespace gpumem::sim {
 struct AllocatorConfig {
     std::optional<Bytes> max_split_size;            // max_split_size_mb (unset: unlimited)
     Bytes max_non_split_rounding = MiB(20);         // max_non_split_rounding_mb
-    // roundup_power2_divisions: either one value for all sizes or per power-of-two
-    // interval starting at 1 MiB ([1, 2) MiB, [2, 4) MiB, ...); 0 = off.
+    // roundup_power2_divisions: empty = off; one value = the same for all sizes;
+    // 16 values = per power-of-two interval i = clamp(floor(log2(size)) - 20, 0, 15),
+    // i.e. [0, 2) MiB, [2, 4) MiB, ..., >= 32 GiB; 0 or 1 = plain 512 B rounding.
+    // The list form "[256:1,512:2,>:4]" sets interval log2(256) = 8 ([256, 512) MiB)
+    // and fills the intervals below the first entry; ">" fills from the last
+    // explicit interval on (PyTorch 2.4-2.8; 2.9 fills from the one after it).
     std::vector<int> roundup_power2_divisions;
     double garbage_collection_threshold = 0.0;      // 0 = off
     bool expandable_segments = false;
@@ -54,11 +61,17 @@ struct AllocatorConfig {
 
     // Parses PYTORCH_CUDA_ALLOC_CONF syntax:
     // "max_split_size_mb:128,expandable_segments:True,roundup_power2_divisions:[256:1,512:2,>:4]".
+    // Errors (field "--alloc-conf") name the option and the accepted syntax; options
+    // without an effect on device memory (release_lock_on_cudamalloc, pinned_*,
+    // backend:native) are accepted and ignored; backend:cudaMallocAsync is Unsupported.
+    // to_string() gives the non-default options in the same syntax ("" = defaults).
     static Result<AllocatorConfig> parse(std::string_view conf);
     [[nodiscard]] std::string to_string() const;
 };
 
 using BlockHandle = std::int64_t;  // opaque; valid until freed
+// malloc(0) allocates nothing (like PyTorch) and returns this handle; free() ignores it.
+inline constexpr BlockHandle kNullBlock = 0;
 
 struct AllocatorStats {
     Bytes allocated;        // sum of allocated (rounded) block sizes: memory_allocated()
@@ -67,7 +80,7 @@ struct AllocatorStats {
     Bytes peak_allocated;   // max_memory_allocated()
     Bytes peak_reserved;    // max_memory_reserved()
     Bytes peak_requested;
-    std::int64_t segments = 0;
+    std::int64_t segments = 0;         // cudaMalloc segments + expandable segments with mapped pages
     std::int64_t allocations = 0;      // live blocks
     std::int64_t alloc_retries = 0;    // cudaMalloc failures followed by a retry
     std::int64_t ooms = 0;
@@ -77,6 +90,8 @@ struct AllocatorStats {
 
 struct OomInfo {
     Bytes requested;        // the rounded request that failed
+    Bytes alloc_size;       // what cudaMalloc was asked for (get_allocation_size): the
+                            // "Tried to allocate" figure of PyTorch's OOM message
     Bytes allocated;        // at the failure
     Bytes reserved;
     Bytes capacity;

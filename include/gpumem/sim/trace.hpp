@@ -90,6 +90,9 @@ struct ReplayResult {
     std::vector<TimelinePoint> timeline;
     std::optional<OomInfo> oom;            // first OOM, if the trace did not fit
     std::int64_t oom_event = -1;
+    std::int64_t failed_allocs = 0;        // allocations that hit OOM (skipped, with their frees)
+    std::int64_t unknown_frees = 0;        // frees of ids never allocated (or already freed): ignored
+    std::int64_t duplicate_allocs = 0;     // allocs of an id that is still live: ignored
     AllocatorStats allocator;
 };
 

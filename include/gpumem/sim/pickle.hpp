@@ -1,0 +1,103 @@
+// gpumem/sim/pickle.hpp — a small, safe reader for plain-data Python pickles.
+//
+// torch.cuda.memory._dump_snapshot() writes its snapshot with pickle.dump()
+// (the default protocol: 4 on Python 3.8-3.13, 5 on 3.14); the C++ API
+// torch::cuda::_memory_snapshot_pickled() writes protocol 2 with the TorchScript
+// pickler. Both hold only dicts, lists, tuples, ints, floats, strings, bools
+// and None. This reader understands exactly those opcodes and refuses every
+// opcode that would name or call Python code (GLOBAL, STACK_GLOBAL, REDUCE,
+// BUILD, NEWOBJ, INST, OBJ, PERSID, EXT*, out-of-band buffers): no code is
+// ever run, and a hostile file gets an error, never a crash.
+//
+// Opcodes read (Lib/pickle.py, Lib/pickletools.py):
+//   framing     PROTO FRAME STOP
+//   stack       MARK POP POP_MARK DUP
+//   memo        PUT GET BINPUT LONG_BINPUT MEMOIZE BINGET LONG_BINGET
+//   scalars     NONE NEWTRUE NEWFALSE INT LONG BININT BININT1 BININT2 LONG1 LONG4
+//               FLOAT BINFLOAT
+//   strings     BINUNICODE SHORT_BINUNICODE BINUNICODE8 BINSTRING SHORT_BINSTRING
+//               BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8
+//   containers  EMPTY_DICT EMPTY_LIST EMPTY_TUPLE EMPTY_SET TUPLE TUPLE1 TUPLE2
+//               TUPLE3 DICT LIST FROZENSET APPEND APPENDS SETITEM SETITEMS ADDITEMS
+//
+// The result is a Document: an arena of nodes addressed by Id. The memo lets a
+// pickle refer to one object from many places (PyTorch shares its frame lists),
+// so the tree is really a graph that may even contain cycles; consumers walk
+// it along a fixed schema and never recurse on it without a bound. Integers
+// wider than 64 bits (LONG1/LONG4 with more than 8 bytes) are kept as BigInt
+// nodes: reading one as an integer is the consumer's error to report.
+//
+// Limits keep memory proportional to the input: every length is checked
+// against the remaining bytes, each opcode creates at most one node, and
+// nesting deeper than Limits::max_depth is an error.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpumem/core/result.hpp"
+
+namespace gpumem::sim::pickle {
+
+enum class Kind : std::uint8_t { None, Bool, Int, BigInt, Float, String, Bytes, List, Tuple, Dict, Set };
+const char* kind_name(Kind k);
+
+struct Limits {
+    int max_depth = 256;                        // container nesting (and MARK nesting)
+    std::size_t max_memo = 1u << 26;            // distinct memo keys
+    std::size_t max_nodes = 400'000'000;        // values created
+    std::size_t max_container = 1u << 28;       // items in one list/tuple/dict/set
+    std::size_t max_string = std::size_t(1) << 31;  // bytes in one string
+};
+
+class Document {
+public:
+    using Id = std::uint32_t;
+
+    [[nodiscard]] Id root() const { return root_; }
+    [[nodiscard]] int protocol() const { return protocol_; }  // 0 when no PROTO opcode
+    [[nodiscard]] std::size_t node_count() const { return nodes_.size(); }
+
+    [[nodiscard]] Kind kind(Id id) const { return nodes_[id].kind; }
+    [[nodiscard]] bool as_bool(Id id) const { return nodes_[id].payload != 0; }
+    [[nodiscard]] std::int64_t as_int(Id id) const { return nodes_[id].payload; }
+    [[nodiscard]] double as_float(Id id) const;
+    // String, Bytes and BigInt (little-endian two's complement bytes).
+    [[nodiscard]] std::string_view as_string(Id id) const { return strings_[nodes_[id].ref]; }
+    // List, Tuple, Set: the elements. Dict: keys and values interleaved
+    // (k0, v0, k1, v1, ...) in insertion order; a repeated key appears twice,
+    // the later one wins (find() looks from the end).
+    [[nodiscard]] std::span<const Id> items(Id id) const;
+    // Elements of a list/tuple/set, entries of a dict.
+    [[nodiscard]] std::size_t size(Id id) const;
+    // Value of the last entry whose key is the string `key` in dict `dict`.
+    [[nodiscard]] std::optional<Id> find(Id dict, std::string_view key) const;
+
+private:
+    friend class Parser;
+    struct Node {
+        Kind kind = Kind::None;
+        std::uint16_t height = 0;  // nesting height as built (0 for scalars)
+        std::uint32_t ref = 0;     // index into strings_ or containers_
+        std::int64_t payload = 0;  // Int value, Bool 0/1, Float bits
+    };
+    std::vector<Node> nodes_;
+    std::vector<std::string> strings_;
+    std::vector<std::vector<Id>> containers_;
+    Id root_ = 0;
+    int protocol_ = 0;
+};
+
+// Parses one pickle from `data`. `origin` (a file name) starts every error
+// message: "snapshot.pickle: unsupported pickle opcode GLOBAL at byte 2: ...".
+// Bytes after STOP are ignored, as pickle.loads() does.
+Result<Document> parse(std::string_view data, const std::string& origin, const Limits& limits = {});
+
+// "GLOBAL", "BININT1", ... or "0x.." for bytes that are no opcode.
+std::string opcode_name(std::uint8_t op);
+
+}  // namespace gpumem::sim::pickle

@@ -1,0 +1,23 @@
+// gpumem/sim/simulate.hpp — estimates whose peaks come from simulation.
+//
+// simulate_estimate() computes the analytic estimate (model states,
+// saved activations, KV cache), then builds the event trace of two training
+// steps (or prefill + decode) from the model graph (sim/step.hpp) and replays
+// it through the caching-allocator model (sim/allocator.hpp). The replay sets
+// peak_allocated (torch.cuda.max_memory_allocated), peak_reserved
+// (max_memory_reserved) and total_device (nvidia-smi: + CUDA context), and the
+// breakdown becomes what is live at the simulated peak, by kind, with the
+// allocator's rounding and cached-but-free memory in their own rows.
+#pragma once
+
+#include "gpumem/core/result.hpp"
+#include "gpumem/memory/estimate.hpp"
+#include "gpumem/model/graph.hpp"
+
+namespace gpumem {
+
+Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req);
+// Loads the model named by the request (or --params: analytic only).
+Result<EstimateResult> simulate_estimate(const EstimateRequest& req);
+
+}  // namespace gpumem

@@ -1,0 +1,69 @@
+// gpumem/sim/step.hpp — the event trace of training steps and inference, op by op.
+//
+// From the model graph and a resolved job, build_step_trace() writes the
+// allocations and frees PyTorch makes, in order:
+//
+//   setup      weights (quantized, master copies, adapters)
+//   step k:    [micro-batch 1..GA]
+//                input batch
+//                forward   op by op: outputs allocated, tensors saved for
+//                          backward kept (16-bit autocast casts, weight-cast
+//                          cache), everything else freed after its last use;
+//                          full recompute keeps only each layer's input;
+//                          flash/SDPA replaces the attention core by one op
+//                          saving q, k, v, out and an fp32 logsumexp
+//                loss      fp32 logits copy, log_softmax, labels
+//                backward  ops in reverse: gradients of inputs allocated,
+//                          gradients of outputs and saved tensors released as
+//                          each op's backward finishes; parameter gradients on
+//                          first use, accumulated under gradient accumulation;
+//                          checkpointed layers (and selective recompute's
+//                          attention core) re-run their forward first
+//              optimizer   states created on the first step; temporaries of the
+//                          foreach / fused / for-loop implementations
+//              zero_grad   set_to_none frees every gradient
+//   inference: prefill through the graph without autograd, KV cache per
+//              layer, decode steps growing the cache with torch.cat.
+//
+// The first step and the steady-state step differ (optimizer states exist
+// only from the first optimizer step on), so two steps are simulated.
+// cuBLAS workspaces are allocated at the first matmul of each thread (main
+// thread in forward, autograd's thread in backward) and never freed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gpumem/core/result.hpp"
+#include "gpumem/memory/job.hpp"
+#include "gpumem/model/graph.hpp"
+#include "gpumem/sim/trace.hpp"
+
+namespace gpumem::sim {
+
+struct StepTraceOptions {
+    int steps = 2;                  // training steps to simulate (first + steady state)
+    bool cublas_workspaces = true;  // allocate workspaces through the allocator
+    Bytes cublas_workspace;         // size of one workspace (from the GPU)
+    int max_decode_steps = 64;      // inference: decode steps simulated in full
+};
+
+// Live requested bytes at the end of each phase of a training step (what
+// torch.cuda.memory_allocated() would show without rounding).
+struct StepCheckpoints {
+    Bytes after_setup;
+    Bytes after_forward;   // end of the last micro-batch's forward (loss computed)
+    Bytes after_backward;
+    Bytes after_optimizer;
+    Bytes after_zero_grad;
+};
+
+struct StepTrace {
+    Trace trace;
+    std::vector<StepCheckpoints> steps;  // one per training step
+    std::vector<std::string> notes;
+};
+
+StepTrace build_step_trace(const ModelGraph& g, const Job& job, const StepTraceOptions& opt);
+
+}  // namespace gpumem::sim

@@ -1,0 +1,543 @@
+// Plain-data pickle reader. Opcode values and semantics follow CPython's
+// Lib/pickle.py (the opcode table and the _Unpickler load_* methods) and
+// Lib/pickletools.py (argument encodings). Every read is bounds-checked; the
+// parser is a loop over opcodes with explicit stacks, never recursive.
+#include "gpumem/sim/pickle.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+namespace gpumem::sim::pickle {
+
+const char* kind_name(Kind k) {
+    switch (k) {
+        case Kind::None: return "None";
+        case Kind::Bool: return "a bool";
+        case Kind::Int: return "an integer";
+        case Kind::BigInt: return "an integer wider than 64 bits";
+        case Kind::Float: return "a float";
+        case Kind::String: return "a string";
+        case Kind::Bytes: return "bytes";
+        case Kind::List: return "a list";
+        case Kind::Tuple: return "a tuple";
+        case Kind::Dict: return "a dict";
+        case Kind::Set: return "a set";
+    }
+    return "?";
+}
+
+double Document::as_float(Id id) const { return std::bit_cast<double>(nodes_[id].payload); }
+
+std::span<const Document::Id> Document::items(Id id) const {
+    const Node& n = nodes_[id];
+    switch (n.kind) {
+        case Kind::List:
+        case Kind::Tuple:
+        case Kind::Dict:
+        case Kind::Set: return containers_[n.ref];
+        default: return {};
+    }
+}
+
+std::size_t Document::size(Id id) const {
+    const auto s = items(id).size();
+    return kind(id) == Kind::Dict ? s / 2 : s;
+}
+
+std::optional<Document::Id> Document::find(Id dict, std::string_view key) const {
+    if (kind(dict) != Kind::Dict) return std::nullopt;
+    const auto it = items(dict);
+    for (std::size_t i = it.size(); i >= 2; i -= 2) {
+        const Id k = it[i - 2];
+        if (kind(k) == Kind::String && as_string(k) == key) return it[i - 1];
+    }
+    return std::nullopt;
+}
+
+namespace {
+
+// Opcode bytes (Lib/pickle.py).
+enum Op : std::uint8_t {
+    MARK = '(', STOP = '.', POP = '0', POP_MARK = '1', DUP = '2', FLOAT = 'F', INT = 'I', BININT = 'J',
+    BININT1 = 'K', LONG = 'L', BININT2 = 'M', NONE = 'N', PERSID = 'P', BINPERSID = 'Q', REDUCE = 'R',
+    STRING = 'S', BINSTRING = 'T', SHORT_BINSTRING = 'U', UNICODE = 'V', BINUNICODE = 'X', APPEND = 'a',
+    BUILD = 'b', GLOBAL = 'c', DICT = 'd', EMPTY_DICT = '}', APPENDS = 'e', GET = 'g', BINGET = 'h',
+    INST = 'i', LONG_BINGET = 'j', LIST = 'l', EMPTY_LIST = ']', OBJ = 'o', PUT = 'p', BINPUT = 'q',
+    LONG_BINPUT = 'r', SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')', SETITEMS = 'u', BINFLOAT = 'G',
+    PROTO = 0x80, NEWOBJ = 0x81, EXT1 = 0x82, EXT2 = 0x83, EXT4 = 0x84, TUPLE1 = 0x85, TUPLE2 = 0x86,
+    TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a, LONG4 = 0x8b, BINBYTES = 'B',
+    SHORT_BINBYTES = 'C', SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d, BINBYTES8 = 0x8e, EMPTY_SET = 0x8f,
+    ADDITEMS = 0x90, FROZENSET = 0x91, NEWOBJ_EX = 0x92, STACK_GLOBAL = 0x93, MEMOIZE = 0x94, FRAME = 0x95,
+    BYTEARRAY8 = 0x96, NEXT_BUFFER = 0x97, READONLY_BUFFER = 0x98,
+};
+
+struct OpName {
+    std::uint8_t op;
+    const char* name;
+};
+constexpr OpName kOpNames[] = {
+    {MARK, "MARK"}, {STOP, "STOP"}, {POP, "POP"}, {POP_MARK, "POP_MARK"}, {DUP, "DUP"}, {FLOAT, "FLOAT"},
+    {INT, "INT"}, {BININT, "BININT"}, {BININT1, "BININT1"}, {LONG, "LONG"}, {BININT2, "BININT2"},
+    {NONE, "NONE"}, {PERSID, "PERSID"}, {BINPERSID, "BINPERSID"}, {REDUCE, "REDUCE"}, {STRING, "STRING"},
+    {BINSTRING, "BINSTRING"}, {SHORT_BINSTRING, "SHORT_BINSTRING"}, {UNICODE, "UNICODE"},
+    {BINUNICODE, "BINUNICODE"}, {APPEND, "APPEND"}, {BUILD, "BUILD"}, {GLOBAL, "GLOBAL"}, {DICT, "DICT"},
+    {EMPTY_DICT, "EMPTY_DICT"}, {APPENDS, "APPENDS"}, {GET, "GET"}, {BINGET, "BINGET"}, {INST, "INST"},
+    {LONG_BINGET, "LONG_BINGET"}, {LIST, "LIST"}, {EMPTY_LIST, "EMPTY_LIST"}, {OBJ, "OBJ"}, {PUT, "PUT"},
+    {BINPUT, "BINPUT"}, {LONG_BINPUT, "LONG_BINPUT"}, {SETITEM, "SETITEM"}, {TUPLE, "TUPLE"},
+    {EMPTY_TUPLE, "EMPTY_TUPLE"}, {SETITEMS, "SETITEMS"}, {BINFLOAT, "BINFLOAT"}, {PROTO, "PROTO"},
+    {NEWOBJ, "NEWOBJ"}, {EXT1, "EXT1"}, {EXT2, "EXT2"}, {EXT4, "EXT4"}, {TUPLE1, "TUPLE1"},
+    {TUPLE2, "TUPLE2"}, {TUPLE3, "TUPLE3"}, {NEWTRUE, "NEWTRUE"}, {NEWFALSE, "NEWFALSE"}, {LONG1, "LONG1"},
+    {LONG4, "LONG4"}, {BINBYTES, "BINBYTES"}, {SHORT_BINBYTES, "SHORT_BINBYTES"},
+    {SHORT_BINUNICODE, "SHORT_BINUNICODE"}, {BINUNICODE8, "BINUNICODE8"}, {BINBYTES8, "BINBYTES8"},
+    {EMPTY_SET, "EMPTY_SET"}, {ADDITEMS, "ADDITEMS"}, {FROZENSET, "FROZENSET"}, {NEWOBJ_EX, "NEWOBJ_EX"},
+    {STACK_GLOBAL, "STACK_GLOBAL"}, {MEMOIZE, "MEMOIZE"}, {FRAME, "FRAME"}, {BYTEARRAY8, "BYTEARRAY8"},
+    {NEXT_BUFFER, "NEXT_BUFFER"}, {READONLY_BUFFER, "READONLY_BUFFER"},
+};
+
+}  // namespace
+
+std::string opcode_name(std::uint8_t op) {
+    for (const auto& o : kOpNames)
+        if (o.op == op) return o.name;
+    static const char* hex = "0123456789abcdef";
+    return std::string("0x") + hex[op >> 4] + hex[op & 15];
+}
+
+class Parser {
+public:
+    using Id = Document::Id;
+    using Node = Document::Node;
+
+    Parser(std::string_view data, const std::string& origin, const Limits& limits)
+        : data_(data), origin_(origin), lim_(limits) {
+        lim_.max_depth = std::clamp(lim_.max_depth, 1, 60000);
+    }
+
+    Document run() {
+        const std::size_t n = data_.size();
+        while (true) {
+            if (pos_ >= n) truncated("the pickle has no STOP opcode");
+            op_pos_ = pos_;
+            const std::uint8_t op = static_cast<std::uint8_t>(data_[pos_++]);
+            switch (op) {
+                case PROTO: {
+                    const std::uint8_t v = u8();
+                    if (v > 5) malformed("pickle protocol " + std::to_string(v) + " is newer than 5");
+                    doc_.protocol_ = v;
+                    break;
+                }
+                case FRAME: {
+                    const std::uint64_t len = uint_le(8);
+                    if (len > n - pos_)
+                        truncated("a FRAME at byte " + std::to_string(op_pos_) + " declares " + std::to_string(len) +
+                                  " bytes");
+                    break;
+                }
+                case STOP: {
+                    if (avail() < 1) malformed("STOP with an empty stack");
+                    doc_.root_ = stack_.back();
+                    return std::move(doc_);
+                }
+                case MARK:
+                    if (marks_.size() >= static_cast<std::size_t>(lim_.max_depth)) too_deep();
+                    marks_.push_back(stack_.size());
+                    break;
+                case POP:
+                    if (avail() > 0) stack_.pop_back();
+                    else pop_mark();
+                    break;
+                case POP_MARK: pop_mark(); break;
+                case DUP:
+                    need_stack(1);
+                    push(stack_.back());
+                    break;
+
+                // Memo.
+                case PUT: memo_put(parse_index_line()); break;
+                case BINPUT: memo_put(u8()); break;
+                case LONG_BINPUT: memo_put(static_cast<std::uint32_t>(uint_le(4))); break;
+                case MEMOIZE: memo_put(static_cast<std::uint64_t>(memo_.size())); break;
+                case GET: memo_get(parse_index_line()); break;
+                case BINGET: memo_get(u8()); break;
+                case LONG_BINGET: memo_get(static_cast<std::uint32_t>(uint_le(4))); break;
+
+                // Scalars.
+                case NONE: push(make(Kind::None, 0)); break;
+                case NEWTRUE: push(make(Kind::Bool, 1)); break;
+                case NEWFALSE: push(make(Kind::Bool, 0)); break;
+                case BININT: push(make(Kind::Int, static_cast<std::int32_t>(static_cast<std::uint32_t>(uint_le(4))))); break;
+                case BININT1: push(make(Kind::Int, u8())); break;
+                case BININT2: push(make(Kind::Int, static_cast<std::int64_t>(uint_le(2)))); break;
+                case LONG1: long_bytes(u8()); break;
+                case LONG4: {
+                    const auto len = static_cast<std::int32_t>(static_cast<std::uint32_t>(uint_le(4)));
+                    if (len < 0) malformed("LONG4 with a negative length");
+                    long_bytes(static_cast<std::size_t>(len));
+                    break;
+                }
+                case BINFLOAT: {
+                    const std::uint64_t be = uint_be(8);
+                    push(make(Kind::Float, std::bit_cast<std::int64_t>(be)));
+                    break;
+                }
+                case INT: text_int(/*is_long=*/false); break;
+                case LONG: text_int(/*is_long=*/true); break;
+                case FLOAT: text_float(); break;
+
+                // Strings and bytes.
+                case SHORT_BINUNICODE: push_string(Kind::String, u8()); break;
+                case BINUNICODE: push_string(Kind::String, uint_le(4)); break;
+                case BINUNICODE8: push_string(Kind::String, uint_le(8)); break;
+                case SHORT_BINSTRING: push_string(Kind::String, u8()); break;
+                case BINSTRING: {
+                    const auto len = static_cast<std::int32_t>(static_cast<std::uint32_t>(uint_le(4)));
+                    if (len < 0) malformed("BINSTRING with a negative length");
+                    push_string(Kind::String, static_cast<std::uint64_t>(len));
+                    break;
+                }
+                case SHORT_BINBYTES: push_string(Kind::Bytes, u8()); break;
+                case BINBYTES: push_string(Kind::Bytes, uint_le(4)); break;
+                case BINBYTES8:
+                case BYTEARRAY8: push_string(Kind::Bytes, uint_le(8)); break;
+
+                // Containers.
+                case EMPTY_DICT: push(make_container(Kind::Dict, {})); break;
+                case EMPTY_LIST: push(make_container(Kind::List, {})); break;
+                case EMPTY_TUPLE: push(make_container(Kind::Tuple, {})); break;
+                case EMPTY_SET: push(make_container(Kind::Set, {})); break;
+                case TUPLE1:
+                case TUPLE2:
+                case TUPLE3: {
+                    const std::size_t k = op == TUPLE1 ? 1 : (op == TUPLE2 ? 2 : 3);
+                    need_stack(k);
+                    std::vector<Id> items(stack_.end() - static_cast<std::ptrdiff_t>(k), stack_.end());
+                    stack_.resize(stack_.size() - k);
+                    push(make_container(Kind::Tuple, std::move(items)));
+                    break;
+                }
+                case TUPLE: push(make_container(Kind::Tuple, pop_mark())); break;
+                case LIST: push(make_container(Kind::List, pop_mark())); break;
+                case FROZENSET: push(make_container(Kind::Set, pop_mark())); break;
+                case DICT: {
+                    auto items = pop_mark();
+                    if (items.size() % 2) malformed("DICT with an odd number of items");
+                    check_keys(items);
+                    push(make_container(Kind::Dict, std::move(items)));
+                    break;
+                }
+                case APPEND: {
+                    need_stack(2);
+                    const Id v = stack_.back();
+                    stack_.pop_back();
+                    extend(stack_.back(), Kind::List, {&v, 1});
+                    break;
+                }
+                case APPENDS: {
+                    auto items = pop_mark();
+                    need_stack(1);
+                    extend(stack_.back(), Kind::List, items);
+                    break;
+                }
+                case ADDITEMS: {
+                    auto items = pop_mark();
+                    need_stack(1);
+                    extend(stack_.back(), Kind::Set, items);
+                    break;
+                }
+                case SETITEM: {
+                    need_stack(3);
+                    const Id kv[2] = {stack_[stack_.size() - 2], stack_.back()};
+                    stack_.resize(stack_.size() - 2);
+                    check_keys({kv, 2});
+                    extend(stack_.back(), Kind::Dict, {kv, 2});
+                    break;
+                }
+                case SETITEMS: {
+                    auto items = pop_mark();
+                    if (items.size() % 2) malformed("SETITEMS with an odd number of items");
+                    need_stack(1);
+                    check_keys(items);
+                    extend(stack_.back(), Kind::Dict, items);
+                    break;
+                }
+
+                // Everything that names, builds or calls Python objects.
+                case GLOBAL:
+                case STACK_GLOBAL:
+                case REDUCE:
+                case BUILD:
+                case NEWOBJ:
+                case NEWOBJ_EX:
+                case INST:
+                case OBJ:
+                case PERSID:
+                case BINPERSID:
+                case EXT1:
+                case EXT2:
+                case EXT4:
+                case NEXT_BUFFER:
+                case READONLY_BUFFER:
+                    fail_at(ErrorCode::Unsupported,
+                            "unsupported pickle opcode " + opcode_name(op) + " at byte " + std::to_string(op_pos_) +
+                                ": gpumem reads only plain data (dicts, lists, numbers, strings)");
+                case STRING:
+                case UNICODE:
+                    fail_at(ErrorCode::Unsupported,
+                            "unsupported pickle opcode " + opcode_name(op) + " at byte " + std::to_string(op_pos_) +
+                                ": protocol-0 text strings are not read; write the snapshot with protocol 2 or newer");
+                default:
+                    malformed("unknown pickle opcode " + opcode_name(op) + " at byte " + std::to_string(op_pos_),
+                              /*with_pos=*/false);
+            }
+        }
+    }
+
+private:
+    // --- errors -------------------------------------------------------------
+    [[noreturn]] void fail_at(ErrorCode code, const std::string& what) {
+        fail(code, origin_, origin_ + ": " + what);
+    }
+    [[noreturn]] void malformed(const std::string& what, bool with_pos = true) {
+        fail_at(ErrorCode::ParseError,
+                with_pos ? "malformed pickle at byte " + std::to_string(op_pos_) + " (" + opcode_name(op_byte()) +
+                               "): " + what
+                         : what);
+    }
+    [[noreturn]] void truncated(const std::string& why) {
+        fail_at(ErrorCode::ParseError, "truncated at byte " + std::to_string(data_.size()) + ": " + why +
+                                           "; the file is incomplete (was the dump interrupted?)");
+    }
+    [[noreturn]] void too_deep() {
+        fail_at(ErrorCode::ParseError, "nesting deeper than " + std::to_string(lim_.max_depth) + " levels at byte " +
+                                           std::to_string(op_pos_) + "; not a memory snapshot");
+    }
+    std::uint8_t op_byte() const { return static_cast<std::uint8_t>(data_[op_pos_]); }
+
+    // --- input --------------------------------------------------------------
+    void need_bytes(std::uint64_t k) {
+        if (k > data_.size() - pos_)
+            truncated("opcode " + opcode_name(op_byte()) + " at byte " + std::to_string(op_pos_) + " needs " +
+                      std::to_string(k) + " more bytes");
+    }
+    std::uint8_t u8() {
+        need_bytes(1);
+        return static_cast<std::uint8_t>(data_[pos_++]);
+    }
+    std::uint64_t uint_le(int k) {
+        need_bytes(static_cast<std::uint64_t>(k));
+        std::uint64_t v = 0;
+        for (int i = 0; i < k; ++i) v |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(data_[pos_ + static_cast<std::size_t>(i)])) << (8 * i);
+        pos_ += static_cast<std::size_t>(k);
+        return v;
+    }
+    std::uint64_t uint_be(int k) {
+        need_bytes(static_cast<std::uint64_t>(k));
+        std::uint64_t v = 0;
+        for (int i = 0; i < k; ++i) v = (v << 8) | static_cast<std::uint8_t>(data_[pos_ + static_cast<std::size_t>(i)]);
+        pos_ += static_cast<std::size_t>(k);
+        return v;
+    }
+    // A text argument ending in '\n' (protocol 0); at most 4096 bytes.
+    std::string_view line() {
+        constexpr std::size_t max_len = 4096;
+        const std::string_view rest = data_.substr(pos_, max_len + 1);
+        const auto nl = rest.find('\n');
+        if (nl == std::string_view::npos) {
+            if (rest.size() <= max_len)
+                truncated("opcode " + opcode_name(op_byte()) + " at byte " + std::to_string(op_pos_) + " has no end of line");
+            malformed("text argument longer than 4096 bytes");
+        }
+        pos_ += nl + 1;
+        return rest.substr(0, nl);
+    }
+
+    // --- nodes --------------------------------------------------------------
+    Id new_node(Node node) {
+        if (doc_.nodes_.size() >= lim_.max_nodes || doc_.nodes_.size() >= std::numeric_limits<Id>::max())
+            malformed("more than " + std::to_string(lim_.max_nodes) + " values");
+        doc_.nodes_.push_back(node);
+        return static_cast<Id>(doc_.nodes_.size() - 1);
+    }
+    Id make(Kind k, std::int64_t payload) {
+        Node node;
+        node.kind = k;
+        node.payload = payload;
+        return new_node(node);
+    }
+    Id make_container(Kind k, std::vector<Id> items) {
+        if (items.size() > lim_.max_container) malformed("a container with more than " + std::to_string(lim_.max_container) + " items");
+        if (doc_.containers_.size() >= std::numeric_limits<std::uint32_t>::max()) malformed("too many containers");
+        int h = 0;
+        for (Id c : items) h = std::max(h, doc_.nodes_[c].height + 1);
+        if (h > lim_.max_depth) too_deep();
+        Node node;
+        node.kind = k;
+        node.height = static_cast<std::uint16_t>(h);
+        node.ref = static_cast<std::uint32_t>(doc_.containers_.size());
+        const Id id = new_node(node);
+        doc_.containers_.push_back(std::move(items));
+        return id;
+    }
+    void push_string(Kind k, std::uint64_t len) {
+        need_bytes(len);
+        if (len > lim_.max_string) malformed("a string of " + std::to_string(len) + " bytes (limit " + std::to_string(lim_.max_string) + ")");
+        if (doc_.strings_.size() >= std::numeric_limits<std::uint32_t>::max()) malformed("too many strings");
+        Node node;
+        node.kind = k;
+        node.ref = static_cast<std::uint32_t>(doc_.strings_.size());
+        const Id id = new_node(node);
+        doc_.strings_.emplace_back(data_.substr(pos_, static_cast<std::size_t>(len)));
+        pos_ += static_cast<std::size_t>(len);
+        push(id);
+    }
+    // LONG1 / LONG4: little-endian two's complement, `len` bytes.
+    void long_bytes(std::size_t len) {
+        need_bytes(len);
+        if (len <= 8) {
+            std::uint64_t v = 0;
+            for (std::size_t i = 0; i < len; ++i)
+                v |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(data_[pos_ + i])) << (8 * i);
+            if (len > 0 && len < 8 && (static_cast<std::uint8_t>(data_[pos_ + len - 1]) & 0x80))
+                v |= ~std::uint64_t(0) << (8 * len);  // sign-extend
+            pos_ += len;
+            push(make(Kind::Int, static_cast<std::int64_t>(v)));
+            return;
+        }
+        // Wider: still an int64 when the extra bytes only extend the sign.
+        const std::uint8_t sign = (static_cast<std::uint8_t>(data_[pos_ + len - 1]) & 0x80) ? 0xff : 0x00;
+        bool fits = (static_cast<std::uint8_t>(data_[pos_ + 7]) & 0x80) == (sign & 0x80);
+        for (std::size_t i = 8; i < len && fits; ++i) fits = static_cast<std::uint8_t>(data_[pos_ + i]) == sign;
+        if (fits) {
+            std::uint64_t v = 0;
+            for (std::size_t i = 0; i < 8; ++i)
+                v |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(data_[pos_ + i])) << (8 * i);
+            pos_ += len;
+            push(make(Kind::Int, static_cast<std::int64_t>(v)));
+            return;
+        }
+        push_string(Kind::BigInt, len);
+    }
+    void text_int(bool is_long) {
+        std::string_view s = line();
+        if (!is_long && s == "00") return push(make(Kind::Bool, 0));
+        if (!is_long && s == "01") return push(make(Kind::Bool, 1));
+        if (is_long && !s.empty() && s.back() == 'L') s.remove_suffix(1);
+        if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+        std::int64_t v = 0;
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec == std::errc::result_out_of_range) return push_big_decimal();
+        if (ec != std::errc() || p != s.data() + s.size() || s.empty()) malformed("not an integer: \"" + printable(s) + "\"");
+        push(make(Kind::Int, v));
+    }
+    void push_big_decimal() {
+        // Kept as an opaque wide integer; the bytes are irrelevant to consumers.
+        Node node;
+        node.kind = Kind::BigInt;
+        node.ref = static_cast<std::uint32_t>(doc_.strings_.size());
+        const Id id = new_node(node);
+        doc_.strings_.emplace_back();
+        push(id);
+    }
+    void text_float() {
+        const std::string_view s = line();
+        double v = 0;
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || p != s.data() + s.size() || s.empty()) malformed("not a float: \"" + printable(s) + "\"");
+        push(make(Kind::Float, std::bit_cast<std::int64_t>(v)));
+    }
+    static std::string printable(std::string_view s) {
+        std::string o;
+        for (char c : s.substr(0, 40)) o += (c >= 0x20 && c < 0x7f) ? c : '?';
+        return o;
+    }
+
+    // --- stack --------------------------------------------------------------
+    std::size_t avail() const { return stack_.size() - (marks_.empty() ? 0 : marks_.back()); }
+    void need_stack(std::size_t k) {
+        if (avail() < k) malformed("stack underflow (needs " + std::to_string(k) + " values above the last MARK)");
+    }
+    void push(Id id) {
+        if (stack_.size() >= lim_.max_container) malformed("stack deeper than " + std::to_string(lim_.max_container));
+        stack_.push_back(id);
+    }
+    std::vector<Id> pop_mark() {
+        if (marks_.empty()) malformed("no MARK to pop to");
+        const std::size_t k = marks_.back();
+        marks_.pop_back();
+        std::vector<Id> items(stack_.begin() + static_cast<std::ptrdiff_t>(k), stack_.end());
+        stack_.resize(k);
+        return items;
+    }
+    void check_keys(std::span<const Id> kv) {
+        for (std::size_t i = 0; i < kv.size(); i += 2) {
+            const Kind k = doc_.nodes_[kv[i]].kind;
+            if (k == Kind::List || k == Kind::Dict || k == Kind::Set) malformed(std::string("a dict key that is ") + kind_name(k));
+        }
+    }
+    void extend(Id target, Kind want, std::span<const Id> items) {
+        Node& t = doc_.nodes_[target];
+        if (t.kind != want)
+            malformed(std::string("adds items to ") + kind_name(t.kind) + ", expected " + kind_name(want));
+        auto& c = doc_.containers_[t.ref];
+        if (items.size() > lim_.max_container - c.size())
+            malformed("a container with more than " + std::to_string(lim_.max_container) + " items");
+        int h = t.height;
+        for (Id id : items) h = std::max(h, doc_.nodes_[id].height + 1);
+        if (h > lim_.max_depth) too_deep();
+        t.height = static_cast<std::uint16_t>(h);
+        c.insert(c.end(), items.begin(), items.end());
+    }
+
+    // --- memo ---------------------------------------------------------------
+    std::uint64_t parse_index_line() {
+        const std::string_view s = line();
+        std::uint64_t v = 0;
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || p != s.data() + s.size() || s.empty()) malformed("not a memo index: \"" + printable(s) + "\"");
+        return v;
+    }
+    void memo_put(std::uint64_t key) {
+        need_stack(1);
+        auto it = memo_.find(key);
+        if (it != memo_.end()) {
+            it->second = stack_.back();
+            return;
+        }
+        if (memo_.size() >= lim_.max_memo) malformed("more than " + std::to_string(lim_.max_memo) + " memo entries");
+        memo_.emplace(key, stack_.back());
+    }
+    void memo_get(std::uint64_t key) {
+        const auto it = memo_.find(key);
+        if (it == memo_.end()) malformed("memo key " + std::to_string(key) + " was never stored");
+        push(it->second);
+    }
+
+    std::string_view data_;
+    const std::string& origin_;
+    Limits lim_;
+    std::size_t pos_ = 0;
+    std::size_t op_pos_ = 0;
+    std::vector<Id> stack_;
+    std::vector<std::size_t> marks_;
+    std::unordered_map<std::uint64_t, Id> memo_;
+    Document doc_;
+};
+
+Result<Document> parse(std::string_view data, const std::string& origin, const Limits& limits) {
+    return capture([&]() -> Result<Document> {
+        try {
+            Parser p(data, origin, limits);
+            return p.run();
+        } catch (const std::bad_alloc&) {
+            return Error{ErrorCode::ParseError, origin + ": out of memory while reading the pickle", origin};
+        } catch (const std::length_error&) {
+            return Error{ErrorCode::ParseError, origin + ": out of memory while reading the pickle", origin};
+        }
+    });
+}
+
+}  // namespace gpumem::sim::pickle

@@ -1,0 +1,190 @@
+#include "gpumem/sim/simulate.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+
+#include "gpumem/memory/job.hpp"
+#include "gpumem/model/load.hpp"
+#include "gpumem/sim/step.hpp"
+#include "gpumem/sim/trace.hpp"
+
+namespace gpumem {
+
+namespace {
+
+// Kinds of live memory at the peak, told apart by the labels step.cpp writes.
+enum Kind : std::uint8_t { kWeights, kAdapters, kMaster, kGrads, kOptStates, kActivations, kActGrads, kCasts, kKv, kWorkspace, kOptTemp, kKinds };
+
+struct KindInfo {
+    const char* key;
+    const char* label;
+};
+constexpr std::array<KindInfo, kKinds> kKindInfo{{
+    {"weights", "weights"},
+    {"adapter_weights", "LoRA adapters"},
+    {"master_weights", "fp32 master weights"},
+    {"gradients", "parameter gradients"},
+    {"optimizer_states", "optimizer states"},
+    {"activations", "activations (saved and in flight)"},
+    {"activation_gradients", "activation gradients"},
+    {"autocast_weight_casts", "autocast 16-bit weight copies"},
+    {"kv_cache", "KV cache"},
+    {"cublas_workspace", "cuBLAS workspaces"},
+    {"optimizer_temporaries", "optimizer temporaries"},
+}};
+
+Kind kind_of(const std::string& label) {
+    auto has = [&](const char* s) { return label.find(s) != std::string::npos; };
+    if (has("(weight)")) return kWeights;
+    if (has("LoRA adapters")) return kAdapters;
+    if (has("master weights")) return kMaster;
+    if (has("parameter gradients")) return kGrads;
+    if (has("optimizer state")) return kOptStates;
+    if (has("optimizer temporary")) return kOptTemp;
+    if (has("activation gradients")) return kActGrads;
+    if (has("autocast weight copy")) return kCasts;
+    if (has("KV cache")) return kKv;
+    if (has("cuBLAS workspace")) return kWorkspace;
+    return kActivations;
+}
+
+}  // namespace
+
+Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req) {
+    auto analytic = estimate(g, req);
+    if (!analytic || req.analytic || g.params_only > 0) return analytic;
+    auto conf = sim::AllocatorConfig::parse(req.alloc_conf);
+    if (!conf) return conf.error();
+    auto job = resolve_job(g, req);
+    if (!job) return job.error();
+    return capture([&]() -> EstimateResult {
+        EstimateResult r = std::move(analytic).value();
+        const Job& j = job.value();
+        const bool pytorch = req.allocator == AllocatorKind::PyTorch;
+
+        sim::StepTraceOptions so;
+        so.cublas_workspaces = pytorch;
+        so.cublas_workspace = req.cublas_workspace.value_or(j.gpu.cublas_workspace);
+        const sim::StepTrace st = sim::build_step_trace(g, j, so);
+
+        sim::ReplayOptions ro;
+        ro.mode = pytorch ? sim::AllocatorMode::PyTorch : sim::AllocatorMode::None;
+        ro.config = conf.value();
+        const Bytes context = r.per_gpu.cuda_context;
+        ro.capacity = j.capacity > context ? j.capacity - context : Bytes(0);
+        ro.top_tensors = 10;
+        // Replay against the GPU's capacity: the allocator frees its cache and
+        // retries before it fails, so this decides whether the job fits. When
+        // it does not, replay again without a limit to report what it needs.
+        sim::ReplayResult rep = sim::replay(st.trace, ro);
+        std::optional<sim::OomInfo> oom = rep.oom;
+        const std::int64_t oom_event = rep.oom_event;
+        if (oom) {
+            ro.capacity = Bytes(INT64_MAX / 4);
+            rep = sim::replay(st.trace, ro);
+        }
+
+        SimulationSummary s;
+        s.allocator = to_string(req.allocator);
+        s.alloc_conf = conf.value().to_string();
+        s.events = static_cast<std::int64_t>(st.trace.events.size());
+        s.peak_phase = sim::phase_name(rep.peak_phase);
+        s.peak_step = rep.peak_step;
+        s.fragmentation_at_peak = rep.fragmentation_at_peak;
+        s.largest_free_block_at_peak = rep.largest_free_block_at_peak;
+        const std::int32_t last_step = st.steps.empty() ? 0 : static_cast<std::int32_t>(st.steps.size()) - 1;
+        for (const auto& ph : rep.phases) {
+            s.phases.push_back({sim::phase_name(ph.phase), ph.step, ph.peak_allocated, ph.peak_reserved});
+            if (ph.step == 0) {
+                s.first_step_peak_allocated = max(s.first_step_peak_allocated, ph.peak_allocated);
+                s.first_step_peak_reserved = max(s.first_step_peak_reserved, ph.peak_reserved);
+            }
+            if (ph.step == last_step) {
+                s.steady_peak_allocated = max(s.steady_peak_allocated, ph.peak_allocated);
+                s.steady_peak_reserved = max(s.steady_peak_reserved, ph.peak_reserved);
+            }
+        }
+        for (const auto& t : rep.top_at_peak) s.top_at_peak.push_back({t.size, t.label, sim::phase_name(t.phase)});
+        for (const auto& p : rep.timeline) s.timeline.push_back({p.event, sim::phase_name(p.phase), p.step, p.allocated, p.reserved});
+        if (!st.steps.empty()) {
+            s.after_forward = st.steps.front().after_forward;
+            s.after_backward = st.steps.front().after_backward;
+            s.after_optimizer = st.steps.front().after_optimizer;
+            s.after_zero_grad = st.steps.front().after_zero_grad;
+        }
+        if (oom) {
+            s.oom = true;
+            s.oom_detail = "on this GPU PyTorch would run out of memory at event " + std::to_string(oom_event) + " (" +
+                           std::string(sim::phase_name(st.trace.events[static_cast<std::size_t>(oom_event)].phase)) +
+                           "): tried to allocate " + format_bytes(oom->requested) + " with " + format_bytes(oom->allocated) +
+                           " allocated and " + format_bytes(oom->reserved) + " reserved of " + format_bytes(oom->capacity) +
+                           " available; the peaks shown are what the job needs";
+        }
+        s.notes = st.notes;
+
+        // Live memory at the allocated peak, by kind (requested bytes).
+        std::array<Bytes, kKinds> by_kind{};
+        {
+            std::vector<Kind> label_kind(st.trace.labels.size());
+            for (std::size_t i = 0; i < st.trace.labels.size(); ++i) label_kind[i] = kind_of(st.trace.labels[i]);
+            std::unordered_map<std::int64_t, std::pair<Bytes, Kind>> live;
+            const auto end = std::min<std::int64_t>(rep.peak_event, static_cast<std::int64_t>(st.trace.events.size()) - 1);
+            for (std::int64_t e = 0; e <= end; ++e) {
+                const auto& ev = st.trace.events[static_cast<std::size_t>(e)];
+                if (ev.kind == sim::TraceEvent::Kind::Alloc) {
+                    live[ev.id] = {ev.size, ev.label >= 0 ? label_kind[static_cast<std::size_t>(ev.label)] : kActivations};
+                } else if (ev.kind == sim::TraceEvent::Kind::Free) {
+                    live.erase(ev.id);
+                }
+            }
+            for (const auto& [id, v] : live) by_kind[v.second] += v.first;
+        }
+
+        PerGpu& pg = r.per_gpu;
+        pg.peak_allocated = rep.peak_allocated;
+        pg.peak_reserved = pytorch ? rep.peak_reserved : rep.peak_allocated;
+        pg.allocator_overhead = pg.peak_reserved - pg.peak_allocated;
+        pg.total_device = pg.peak_reserved + context;
+        pg.fits = !oom && pg.total_device <= pg.capacity;
+        pg.peak_phase = s.peak_phase;
+        pg.transient = by_kind[kActGrads] + by_kind[kOptTemp];
+
+        r.breakdown.clear();
+        Bytes sum;
+        for (int k = 0; k < kKinds; ++k) {
+            const Bytes b = by_kind[static_cast<std::size_t>(k)];
+            if (b == Bytes(0) && k != kWeights && k != kActivations) continue;
+            r.breakdown.push_back({kKindInfo[static_cast<std::size_t>(k)].key, kKindInfo[static_cast<std::size_t>(k)].label, b,
+                                   "live at the peak (" + s.peak_phase + ", step " + std::to_string(s.peak_step + 1) + ")"});
+            sum += b;
+        }
+        r.breakdown.push_back({"allocator_rounding", "allocator rounding (512 B blocks, unsplit remainders)", pg.peak_allocated - sum,
+                               pytorch ? "allocated minus requested bytes at the peak" : "none (--allocator none)"});
+        r.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", pg.allocator_overhead,
+                               pytorch ? "cached free blocks at the reserved peak; largest free block at the allocated peak " +
+                                             format_bytes(s.largest_free_block_at_peak)
+                                       : "none (--allocator none)"});
+        r.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", context,
+                               req.cuda_context ? "--cuda-context" : "default for " + r.gpu.name + " with lazy module loading"});
+        r.assumptions.push_back(std::string("peaks simulated: ") + std::to_string(s.events) + " allocator events over " +
+                                (j.train ? std::to_string(st.steps.size()) + " training steps" : std::string("prefill and decode")) +
+                                ", allocator " + s.allocator + (s.alloc_conf.empty() ? "" : " (" + s.alloc_conf + ")"));
+        if (s.oom && pg.total_device <= pg.capacity)
+            r.warnings.push_back(s.oom_detail + " (fragmentation: the total fits but no free block is large enough)");
+        r.simulation = std::move(s);
+        return r;
+    });
+}
+
+Result<EstimateResult> simulate_estimate(const EstimateRequest& req) {
+    if (req.params_count) return estimate(req);
+    if (req.model.empty()) return estimate(req);
+    auto g = load_model(req.model);
+    if (!g) return g.error();
+    return simulate_estimate(g.value(), req);
+}
+
+}  // namespace gpumem

@@ -1,0 +1,1042 @@
+// PyTorch memory snapshots: reading (pickle or JSON), summary, trace
+// conversion. Field names and meanings follow torch/csrc/cuda/Module.cpp
+// (THCPModule_memorySnapshot), torch/csrc/cuda/memory_snapshot.cpp
+// (_memory_snapshot_pickled), torch/cuda/memory.py (_snapshot docstring) and
+// torch/cuda/_memory_viz.py (_block_extra_legacy for the old `history` blocks).
+#include "gpumem/sim/snapshot.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "gpumem/sim/pickle.hpp"
+
+namespace gpumem::sim {
+
+// ---------------------------------------------------------------------------
+// Names.
+
+const char* block_state_name(BlockState s) {
+    switch (s) {
+        case BlockState::ActiveAllocated: return "active_allocated";
+        case BlockState::ActivePendingFree: return "active_pending_free";
+        case BlockState::Inactive: return "inactive";
+        case BlockState::Unknown: return "unknown";
+    }
+    return "unknown";
+}
+
+const char* trace_action_name(TraceAction a) {
+    switch (a) {
+        case TraceAction::Alloc: return "alloc";
+        case TraceAction::FreeRequested: return "free_requested";
+        case TraceAction::FreeCompleted: return "free_completed";
+        case TraceAction::SegmentAlloc: return "segment_alloc";
+        case TraceAction::SegmentFree: return "segment_free";
+        case TraceAction::SegmentMap: return "segment_map";
+        case TraceAction::SegmentUnmap: return "segment_unmap";
+        case TraceAction::Snapshot: return "snapshot";
+        case TraceAction::Oom: return "oom";
+        case TraceAction::Other: return "other";
+    }
+    return "other";
+}
+
+const char* snapshot_layout_name(SnapshotLayout l) {
+    switch (l) {
+        case SnapshotLayout::DeviceTraces: return "device_traces";
+        case SnapshotLayout::BlockHistory: return "block_history";
+        case SnapshotLayout::SegmentsOnly: return "segments_only";
+    }
+    return "segments_only";
+}
+
+std::string frame_label(const SnapshotFrame& f) {
+    std::string_view file = f.filename;
+    const auto slash = file.find_last_of("/\\");
+    if (slash != std::string_view::npos) file.remove_prefix(slash + 1);
+    std::string out(file);
+    if (!out.empty()) out += ":" + std::to_string(f.line);
+    if (!f.name.empty()) out += (out.empty() ? "" : " ") + f.name;
+    return out;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Text hygiene: strings from the file end up in terminals and JSON; keep
+// them valid UTF-8 without control characters, and bounded.
+
+std::string clean_text(std::string_view s, std::size_t max_len = 512) {
+    std::string out;
+    out.reserve(std::min(s.size(), max_len));
+    std::size_t i = 0;
+    while (i < s.size()) {
+        if (out.size() >= max_len) {
+            out += "...";
+            break;
+        }
+        const auto c = static_cast<unsigned char>(s[i]);
+        if (c < 0x80) {
+            out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+            ++i;
+            continue;
+        }
+        std::size_t len = 0;
+        std::uint32_t cp = 0;
+        if ((c & 0xe0) == 0xc0) len = 2, cp = c & 0x1fu;
+        else if ((c & 0xf0) == 0xe0) len = 3, cp = c & 0x0fu;
+        else if ((c & 0xf8) == 0xf0) len = 4, cp = c & 0x07u;
+        bool ok = len != 0 && i + len <= s.size();
+        for (std::size_t k = 1; ok && k < len; ++k) {
+            const auto cc = static_cast<unsigned char>(s[i + k]);
+            ok = (cc & 0xc0) == 0x80;
+            cp = (cp << 6) | (cc & 0x3fu);
+        }
+        if (ok) {
+            const std::uint32_t min_cp = len == 2 ? 0x80 : (len == 3 ? 0x800 : 0x10000);
+            ok = cp >= min_cp && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+        }
+        if (ok) {
+            out.append(s.substr(i, len));
+            i += len;
+        } else {
+            out += "\xef\xbf\xbd";  // U+FFFD
+            ++i;
+        }
+    }
+    return out;
+}
+
+std::string double_text(double v) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, r.ptr);
+}
+
+// ---------------------------------------------------------------------------
+// One view over both inputs: a pickle node or a JSON value.
+
+enum class VKind { Null, Bool, Int, BigInt, Float, String, Bytes, List, Dict };
+const char* vkind_name(VKind k) {
+    switch (k) {
+        case VKind::Null: return "None/null";
+        case VKind::Bool: return "a bool";
+        case VKind::Int: return "an integer";
+        case VKind::BigInt: return "an integer wider than 64 bits";
+        case VKind::Float: return "a float";
+        case VKind::String: return "a string";
+        case VKind::Bytes: return "bytes";
+        case VKind::List: return "a list";
+        case VKind::Dict: return "a dict";
+    }
+    return "?";
+}
+
+struct PRef {
+    const pickle::Document* d;
+    pickle::Document::Id id;
+};
+VKind vkind(PRef r) {
+    using pickle::Kind;
+    switch (r.d->kind(r.id)) {
+        case Kind::None: return VKind::Null;
+        case Kind::Bool: return VKind::Bool;
+        case Kind::Int: return VKind::Int;
+        case Kind::BigInt: return VKind::BigInt;
+        case Kind::Float: return VKind::Float;
+        case Kind::String: return VKind::String;
+        case Kind::Bytes: return VKind::Bytes;
+        case Kind::List:
+        case Kind::Tuple:
+        case Kind::Set: return VKind::List;
+        case Kind::Dict: return VKind::Dict;
+    }
+    return VKind::Null;
+}
+bool vbool(PRef r) { return r.d->as_bool(r.id); }
+std::int64_t vint(PRef r) { return r.d->as_int(r.id); }
+double vfloat(PRef r) { return r.d->as_float(r.id); }
+std::string_view vstr(PRef r) { return r.d->as_string(r.id); }
+std::size_t vsize(PRef r) { return r.d->size(r.id); }
+PRef vat(PRef r, std::size_t i) { return {r.d, r.d->items(r.id)[i]}; }
+std::optional<PRef> vget(PRef r, std::string_view key) {
+    const auto id = r.d->find(r.id, key);
+    if (!id) return std::nullopt;
+    return PRef{r.d, *id};
+}
+std::string key_text(PRef k) {
+    switch (vkind(k)) {
+        case VKind::String: return clean_text(vstr(k), 128);
+        case VKind::Int: return std::to_string(vint(k));
+        case VKind::Bool: return vbool(k) ? "True" : "False";
+        case VKind::Null: return "None";
+        case VKind::Float: return double_text(vfloat(k));
+        default: return std::string("<") + vkind_name(vkind(k)) + ">";
+    }
+}
+// Calls f(key text, value) for the first `limit` entries of a dict.
+template <class F>
+void vfor_each(PRef r, std::size_t limit, F&& f) {
+    const auto it = r.d->items(r.id);
+    for (std::size_t i = 0; i + 1 < it.size() && i / 2 < limit; i += 2) f(key_text(PRef{r.d, it[i]}), PRef{r.d, it[i + 1]});
+}
+std::uint64_t videntity(PRef r) { return r.id; }
+
+using json = nlohmann::json;
+struct JRef {
+    const json* j;
+};
+VKind vkind(JRef r) {
+    switch (r.j->type()) {
+        case json::value_t::null: return VKind::Null;
+        case json::value_t::boolean: return VKind::Bool;
+        case json::value_t::number_integer: return VKind::Int;
+        case json::value_t::number_unsigned:
+            return r.j->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX) ? VKind::BigInt : VKind::Int;
+        case json::value_t::number_float: return VKind::Float;
+        case json::value_t::string: return VKind::String;
+        case json::value_t::binary: return VKind::Bytes;
+        case json::value_t::array: return VKind::List;
+        case json::value_t::object: return VKind::Dict;
+        default: return VKind::Null;
+    }
+}
+bool vbool(JRef r) { return r.j->get<bool>(); }
+std::int64_t vint(JRef r) {
+    if (r.j->is_number_unsigned()) return static_cast<std::int64_t>(r.j->get<std::uint64_t>());
+    return r.j->get<std::int64_t>();
+}
+double vfloat(JRef r) { return r.j->get<double>(); }
+std::string_view vstr(JRef r) { return r.j->get_ref<const std::string&>(); }
+std::size_t vsize(JRef r) { return r.j->size(); }
+JRef vat(JRef r, std::size_t i) { return {&(*r.j)[i]}; }
+std::optional<JRef> vget(JRef r, std::string_view key) {
+    const auto it = r.j->find(key);
+    if (it == r.j->end()) return std::nullopt;
+    return JRef{&*it};
+}
+std::uint64_t videntity(JRef r) { return reinterpret_cast<std::uintptr_t>(r.j); }
+template <class F>
+void vfor_each(JRef r, std::size_t limit, F&& f) {
+    std::size_t n = 0;
+    for (auto it = r.j->begin(); it != r.j->end() && n < limit; ++it, ++n) f(clean_text(it.key(), 128), JRef{&it.value()});
+}
+
+// ---------------------------------------------------------------------------
+// Field paths, formatted only on error: "segments[3].blocks[2].size".
+
+struct Path {
+    const Path* parent = nullptr;
+    std::string_view key;
+    std::int64_t index = -1;
+};
+std::string path_text(const Path* p) {
+    std::vector<const Path*> chain;
+    for (; p; p = p->parent) chain.push_back(p);
+    std::string out;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+        const Path* q = *it;
+        if (q->index >= 0) out += "[" + std::to_string(q->index) + "]";
+        else if (!q->key.empty()) out += (out.empty() ? "" : ".") + std::string(q->key);
+    }
+    return out.empty() ? "top level" : out;
+}
+
+template <class R>
+class Reader {
+public:
+    Reader(Snapshot& out, std::size_t budget) : out_(out), budget_(budget) {}
+
+    void read_root(R root) {
+        const Path top{};
+        if (vkind(root) == VKind::List) {
+            // torch.cuda.memory_snapshot(): the list of segments alone.
+            read_segments(root, top);
+            out_.notes.push_back("the file holds a bare list of segments (torch.cuda.memory_snapshot()); no event trace");
+            finish_layout();
+            return;
+        }
+        if (vkind(root) != VKind::Dict) type_error(top, "a dict with \"segments\"", root);
+        charge(vsize(root));
+        const auto segs = vget(root, "segments");
+        if (!segs)
+            fail(ErrorCode::ParseError, "segments",
+                 out_.origin + ": no \"segments\" key: not a torch.cuda.memory._snapshot() dump");
+        const Path sp{nullptr, "segments"};
+        read_segments(*segs, sp);
+        if (const auto dt = vget(root, "device_traces"); dt && vkind(*dt) != VKind::Null) {
+            const Path dp{nullptr, "device_traces"};
+            read_device_traces(*dt, dp);
+        }
+        if (const auto as = vget(root, "allocator_settings"); as && vkind(*as) != VKind::Null) {
+            const Path ap{nullptr, "allocator_settings"};
+            if (vkind(*as) != VKind::Dict) type_error(ap, "a dict", *as);
+            charge(vsize(*as));
+            vfor_each(*as, 256, [&](std::string key, R v) { out_.allocator_settings[std::move(key)] = to_text(v, 0); });
+        }
+        finish_layout();
+    }
+
+private:
+    // --- helpers -------------------------------------------------------------
+    void charge(std::size_t n) {
+        visits_ += n + 1;
+        if (visits_ > budget_)
+            fail(ErrorCode::ParseError, out_.origin,
+                 out_.origin + ": too many shared references (the pickle reuses objects far more than a snapshot does)");
+    }
+    [[noreturn]] void type_error(const Path& p, const char* expected, R got) {
+        const std::string where = path_text(&p);
+        fail(ErrorCode::ParseError, where,
+             out_.origin + ": field " + where + ": expected " + expected + ", got " + vkind_name(vkind(got)));
+    }
+    [[noreturn]] void value_error(const Path& p, const std::string& what) {
+        const std::string where = path_text(&p);
+        fail(ErrorCode::ParseError, where, out_.origin + ": field " + where + ": " + what);
+    }
+    std::int64_t as_int(R v, const Path& p) {
+        if (vkind(v) != VKind::Int) type_error(p, "an integer", v);
+        return vint(v);
+    }
+    std::int64_t as_size(R v, const Path& p) {
+        const std::int64_t x = as_int(v, p);
+        if (x < 0) value_error(p, "must not be negative (got " + std::to_string(x) + ")");
+        return x;
+    }
+    // Every size in the file is added here once, so that no sum a consumer
+    // forms (reserved, allocated, seeded bytes, ...) can overflow.
+    std::int64_t account(std::int64_t v, const Path& p) {
+        if (__builtin_add_overflow(total_, v, &total_))
+            value_error(p, "the sizes in the file add up to more than 2^63 bytes");
+        return v;
+    }
+    std::optional<std::int64_t> opt_int(R d, std::string_view key, const Path& parent, bool nonneg) {
+        const auto v = vget(d, key);
+        if (!v || vkind(*v) == VKind::Null) return std::nullopt;
+        const Path p{&parent, key};
+        return nonneg ? as_size(*v, p) : as_int(*v, p);
+    }
+    std::int64_t req_int(R d, std::string_view key, const Path& parent, bool nonneg) {
+        const auto v = opt_int(d, key, parent, nonneg);
+        if (!v) {
+            const Path p{&parent, key};
+            value_error(p, "missing (an integer is required)");
+        }
+        return *v;
+    }
+    std::optional<std::string> opt_str(R d, std::string_view key, const Path& parent) {
+        const auto v = vget(d, key);
+        if (!v || vkind(*v) == VKind::Null) return std::nullopt;
+        if (vkind(*v) != VKind::String) {
+            const Path p{&parent, key};
+            type_error(p, "a string", *v);
+        }
+        return clean_text(vstr(*v), 128);
+    }
+    R require_list(R v, const Path& p) {
+        if (vkind(v) != VKind::List) type_error(p, "a list", v);
+        charge(vsize(v));
+        return v;
+    }
+    R require_dict(R v, const Path& p) {
+        if (vkind(v) != VKind::Dict) type_error(p, "a dict", v);
+        charge(vsize(v));
+        return v;
+    }
+    // Bounded textual form of any value (allocator settings).
+    std::string to_text(R v, int depth) {
+        switch (vkind(v)) {
+            case VKind::Null: return "None";
+            case VKind::Bool: return vbool(v) ? "True" : "False";
+            case VKind::Int: return std::to_string(vint(v));
+            case VKind::BigInt: return "<wide integer>";
+            case VKind::Float: return double_text(vfloat(v));
+            case VKind::String: return clean_text(vstr(v), 256);
+            case VKind::Bytes: return "<bytes>";
+            case VKind::List:
+            case VKind::Dict: {
+                if (depth >= 3) return "...";
+                const bool dict = vkind(v) == VKind::Dict;
+                const std::size_t n = vsize(v);
+                charge(std::min<std::size_t>(n, 64));
+                std::string o = dict ? "{" : "[";
+                if (dict) {
+                    bool first = true;
+                    vfor_each(v, 64, [&](const std::string& k, R x) {
+                        o += (first ? "" : ", ") + k + ": " + to_text(x, depth + 1);
+                        first = false;
+                    });
+                } else {
+                    for (std::size_t i = 0; i < n && i < 64; ++i) o += (i ? ", " : "") + to_text(vat(v, i), depth + 1);
+                }
+                if (n > 64) o += ", ...";
+                return o + (dict ? "}" : "]");
+            }
+        }
+        return "";
+    }
+
+    // --- frames ---------------------------------------------------------------
+    std::int32_t top_frame(R frames, const Path& p) {
+        if (vkind(frames) == VKind::Null) return -1;
+        if (vkind(frames) != VKind::List) type_error(p, "a list of frames", frames);
+        const auto ident = videntity(frames);
+        if (const auto it = frame_cache_.find(ident); it != frame_cache_.end()) {
+            charge(0);
+            return it->second;
+        }
+        const std::size_t n = std::min<std::size_t>(vsize(frames), 256);
+        charge(n);
+        std::optional<SnapshotFrame> first, first_py;
+        for (std::size_t i = 0; i < n && !first_py; ++i) {
+            const R f = vat(frames, i);
+            if (vkind(f) != VKind::Dict) continue;  // frames are cosmetic: skip odd ones
+            charge(vsize(f));
+            const auto fn = vget(f, "filename");
+            const auto ln = vget(f, "line");
+            const auto nm = vget(f, "name");
+            SnapshotFrame fr;
+            if (fn && vkind(*fn) == VKind::String) fr.filename = clean_text(vstr(*fn), 256);
+            if (ln && vkind(*ln) == VKind::Int) fr.line = vint(*ln);
+            if (nm && vkind(*nm) == VKind::String) fr.name = clean_text(vstr(*nm), 256);
+            if (fr.filename.empty() && fr.name.empty()) continue;
+            if (!first) first = fr;
+            const std::string_view fv = fr.filename;
+            if (fv.size() >= 3 && fv.substr(fv.size() - 3) == ".py") first_py = fr;
+        }
+        std::int32_t idx = -1;
+        if (first_py || first) idx = intern(first_py ? *first_py : *first);
+        frame_cache_.emplace(ident, idx);
+        return idx;
+    }
+    std::int32_t intern(const SnapshotFrame& f) {
+        std::string key = f.filename + '\n' + std::to_string(f.line) + '\n' + f.name;
+        const auto it = frame_index_.find(key);
+        if (it != frame_index_.end()) return it->second;
+        const auto idx = static_cast<std::int32_t>(out_.frames.size());
+        out_.frames.push_back(f);
+        frame_index_.emplace(std::move(key), idx);
+        return idx;
+    }
+
+    // --- segments ---------------------------------------------------------------
+    void read_segments(R segs, const Path& sp) {
+        require_list(segs, sp);
+        const std::size_t n = vsize(segs);
+        out_.segments.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const Path p{&sp, {}, static_cast<std::int64_t>(i)};
+            const R s = require_dict(vat(segs, i), p);
+            SnapshotSegment seg;
+            const std::int64_t dev = opt_int(s, "device", p, true).value_or(0);
+            if (dev > 65535) value_error(Path{&p, "device"}, "device index " + std::to_string(dev) + " is out of range");
+            seg.device = static_cast<int>(dev);
+            seg.address = req_int(s, "address", p, true);
+            seg.total_size = Bytes(account(req_int(s, "total_size", p, true), p));
+            seg.allocated_size = Bytes(opt_int(s, "allocated_size", p, true).value_or(0));
+            seg.active_size = Bytes(opt_int(s, "active_size", p, true).value_or(0));
+            seg.requested_size = Bytes(opt_int(s, "requested_size", p, true).value_or(0));
+            seg.stream = opt_int(s, "stream", p, false).value_or(0);
+            seg.segment_type = opt_str(s, "segment_type", p).value_or("");
+            if (seg.segment_type.empty()) seg.segment_type = seg.total_size <= MiB(2) ? "small" : "large";
+            if (const auto e = vget(s, "is_expandable"); e && vkind(*e) != VKind::Null) {
+                if (vkind(*e) != VKind::Bool) type_error(Path{&p, "is_expandable"}, "a bool", *e);
+                seg.is_expandable = vbool(*e);
+            }
+            const auto blocks = vget(s, "blocks");
+            const Path bp{&p, "blocks"};
+            if (!blocks) value_error(bp, "missing (a list of blocks is required)");
+            read_blocks(*blocks, bp, seg);
+            out_.segments.push_back(std::move(seg));
+        }
+    }
+
+    void read_blocks(R blocks, const Path& bp, SnapshotSegment& seg) {
+        require_list(blocks, bp);
+        const std::size_t n = vsize(blocks);
+        seg.blocks.reserve(n);
+        std::int64_t next = seg.address;
+        for (std::size_t i = 0; i < n; ++i) {
+            const Path p{&bp, {}, static_cast<std::int64_t>(i)};
+            const R b = require_dict(vat(blocks, i), p);
+            SnapshotBlock blk;
+            blk.size = Bytes(account(req_int(b, "size", p, true), p));
+            blk.address = opt_int(b, "address", p, true).value_or(next);
+            next = checked_add(blk.address, blk.size.count());
+            const auto state = opt_str(b, "state", p);
+            if (!state) value_error(Path{&p, "state"}, "missing (a string is required)");
+            if (*state == "active_allocated") blk.state = BlockState::ActiveAllocated;
+            else if (*state == "active_pending_free" || *state == "active_awaiting_free") blk.state = BlockState::ActivePendingFree;
+            else if (*state == "inactive") blk.state = BlockState::Inactive;
+            else {
+                blk.state = BlockState::Unknown;
+                if (!warned_state_) {
+                    out_.notes.push_back("unknown block state \"" + *state + "\" (counted as neither allocated nor free)");
+                    warned_state_ = true;
+                }
+            }
+            if (const auto f = vget(b, "frames")) blk.frame = top_frame(*f, Path{&p, "frames"});
+            if (const auto h = vget(b, "history"); h && vkind(*h) != VKind::Null) {
+                has_history_ = true;
+                const Path hp{&p, "history"};
+                require_list(*h, hp);
+                const std::size_t hn = vsize(*h);
+                blk.history.reserve(hn);
+                for (std::size_t k = 0; k < hn; ++k) {
+                    const Path ep{&hp, {}, static_cast<std::int64_t>(k)};
+                    const R e = require_dict(vat(*h, k), ep);
+                    SnapshotHistoryEntry he;
+                    he.addr = opt_int(e, "addr", ep, true).value_or(blk.address);
+                    he.real_size = Bytes(account(opt_int(e, "real_size", ep, true).value_or(blk.size.count()), ep));
+                    if (const auto f = vget(e, "frames")) he.frame = top_frame(*f, Path{&ep, "frames"});
+                    blk.history.push_back(he);
+                }
+                if (blk.frame < 0 && !blk.history.empty()) blk.frame = blk.history.front().frame;
+            }
+            if (const auto rq = opt_int(b, "requested_size", p, true)) blk.requested_size = Bytes(account(*rq, p));
+            else if (!blk.history.empty()) blk.requested_size = blk.history.front().real_size;
+            else blk.requested_size = blk.size;
+            seg.blocks.push_back(std::move(blk));
+        }
+    }
+
+    // --- device traces -------------------------------------------------------------
+    void read_device_traces(R dt, const Path& dp) {
+        require_list(dt, dp);
+        out_.has_device_traces = true;
+        const std::size_t nd = vsize(dt);
+        if (nd > 65536) value_error(dp, "more than 65536 devices");
+        out_.device_traces.resize(nd);
+        for (std::size_t d = 0; d < nd; ++d) {
+            const Path p{&dp, {}, static_cast<std::int64_t>(d)};
+            const R list = vat(dt, d);
+            if (vkind(list) == VKind::Null) continue;
+            require_list(list, p);
+            const std::size_t n = vsize(list);
+            auto& entries = out_.device_traces[d];
+            entries.reserve(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                const Path ep{&p, {}, static_cast<std::int64_t>(i)};
+                const R e = require_dict(vat(list, i), ep);
+                SnapshotTraceEntry te;
+                const auto action = opt_str(e, "action", ep);
+                if (!action) value_error(Path{&ep, "action"}, "missing (a string is required)");
+                te.action = parse_action(*action);
+                te.addr = opt_int(e, "addr", ep, true).value_or(0);
+                te.size = Bytes(account(opt_int(e, "size", ep, true).value_or(0), ep));
+                te.stream = opt_int(e, "stream", ep, false).value_or(0);
+                if (const auto t = vget(e, "time_us"); t && vkind(*t) == VKind::Float) {
+                    const double x = vfloat(*t);
+                    te.time_us = (x > -9e18 && x < 9e18) ? static_cast<std::int64_t>(x) : 0;
+                } else {
+                    te.time_us = opt_int(e, "time_us", ep, false).value_or(0);
+                }
+                te.device_free = Bytes(account(opt_int(e, "device_free", ep, true).value_or(0), ep));
+                if (const auto f = vget(e, "frames")) te.frame = top_frame(*f, Path{&ep, "frames"});
+                entries.push_back(te);
+            }
+        }
+    }
+    static TraceAction parse_action(std::string_view a) {
+        if (a == "alloc") return TraceAction::Alloc;
+        if (a == "free_requested") return TraceAction::FreeRequested;
+        if (a == "free_completed") return TraceAction::FreeCompleted;
+        if (a == "segment_alloc") return TraceAction::SegmentAlloc;
+        if (a == "segment_free") return TraceAction::SegmentFree;
+        if (a == "segment_map") return TraceAction::SegmentMap;
+        if (a == "segment_unmap") return TraceAction::SegmentUnmap;
+        if (a == "snapshot") return TraceAction::Snapshot;
+        if (a == "oom") return TraceAction::Oom;
+        return TraceAction::Other;
+    }
+
+    void finish_layout() {
+        bool any_entries = false;
+        for (const auto& d : out_.device_traces) any_entries = any_entries || !d.empty();
+        if (any_entries) out_.layout = SnapshotLayout::DeviceTraces;
+        else if (has_history_) out_.layout = SnapshotLayout::BlockHistory;
+        else out_.layout = SnapshotLayout::SegmentsOnly;
+    }
+
+    Snapshot& out_;
+    std::size_t budget_;
+    std::size_t visits_ = 0;
+    std::int64_t total_ = 0;
+    bool has_history_ = false;
+    bool warned_state_ = false;
+    std::unordered_map<std::uint64_t, std::int32_t> frame_cache_;
+    std::unordered_map<std::string, std::int32_t> frame_index_;
+};
+
+
+constexpr int kJsonMaxDepth = 256;
+
+Snapshot parse_json(std::string_view data, const std::string& origin) {
+    json doc;
+    try {
+        // The callback bounds nesting before the DOM gets deep.
+        doc = json::parse(
+            data.begin(), data.end(),
+            [&](int depth, json::parse_event_t, json&) {
+                if (depth > kJsonMaxDepth)
+                    fail(ErrorCode::ParseError, origin,
+                         origin + ": JSON nested deeper than " + std::to_string(kJsonMaxDepth) + " levels; not a memory snapshot");
+                return true;
+            });
+    } catch (const json::exception& e) {
+        fail(ErrorCode::ParseError, origin, origin + ": not valid JSON: " + e.what());
+    }
+    Snapshot snap;
+    snap.origin = origin;
+    snap.format = "json";
+    Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
+    reader.read_root(JRef{&doc});
+    return snap;
+}
+
+Snapshot parse_pickle(std::string_view data, const std::string& origin) {
+    auto doc = pickle::parse(data, origin);
+    if (!doc) throw InputError(doc.error());
+    const pickle::Document& d = doc.value();
+    Snapshot snap;
+    snap.origin = origin;
+    snap.format = "pickle";
+    snap.pickle_protocol = d.protocol();
+    // A snapshot visits each node about once; sharing (frames) is cached.
+    const std::size_t budget = 8 * d.node_count() + (1u << 20);
+    Reader<PRef> reader(snap, budget);
+    reader.read_root(PRef{&d, d.root()});
+    return snap;
+}
+
+}  // namespace
+
+Result<Snapshot> parse_snapshot_bytes(std::string_view data, std::string origin) {
+    return capture([&]() -> Result<Snapshot> {
+        try {
+            if (data.empty()) fail(ErrorCode::ParseError, origin, origin + ": the file is empty");
+            if (static_cast<unsigned char>(data[0]) == 0x80) return parse_pickle(data, origin);
+            const auto first = data.find_first_not_of(" \t\r\n");
+            if (first != std::string_view::npos && (data[first] == '{' || data[first] == '['))
+                return parse_json(data, origin);
+            fail(ErrorCode::ParseError, origin,
+                 origin + ": neither a pickle (first byte 0x80) nor JSON; expected the file torch.cuda.memory._dump_snapshot() writes");
+        } catch (const std::bad_alloc&) {
+            return Error{ErrorCode::ParseError, origin + ": out of memory while reading the snapshot", origin};
+        }
+    });
+}
+
+Result<Snapshot> read_snapshot(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) {
+        const int err = errno;
+        return Error{err == ENOENT ? ErrorCode::NotFound : ErrorCode::Io,
+                     path + ": cannot open the snapshot: " + std::strerror(err), path};
+    }
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    if (f.bad()) return Error{ErrorCode::Io, path + ": read error", path};
+    return parse_snapshot_bytes(ss.str(), path);
+}
+
+// ---------------------------------------------------------------------------
+// Summary.
+
+SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n) {
+    SnapshotSummary out;
+    out.origin = s.origin;
+    out.format = s.format;
+    out.pickle_protocol = s.pickle_protocol;
+    out.layout = s.layout;
+    out.allocator_settings = s.allocator_settings;
+    out.notes = s.notes;
+
+    struct Edge {
+        const char* label;
+        Bytes max;
+    };
+    const Edge edges[] = {{"<=2MiB", MiB(2)},         {"2MiB-20MiB", MiB(20)},     {"20MiB-128MiB", MiB(128)},
+                          {"128MiB-1GiB", GiB(1)},    {">1GiB", Bytes(INT64_MAX)}};
+    Bytes lo(0);
+    for (const auto& e : edges) {
+        out.segment_sizes.push_back(SizeBucket{e.label, lo, e.max, 0, Bytes(0)});
+        lo = e.max;
+    }
+
+    std::set<int> devices;
+    std::vector<SnapshotAllocation> active;
+    std::int64_t inconsistent = 0;
+    for (const auto& seg : s.segments) {
+        devices.insert(seg.device);
+        out.reserved += seg.total_size;
+        ++out.segments;
+        if (seg.segment_type == "small") {
+            ++out.small_segments;
+            out.small_reserved += seg.total_size;
+        } else {
+            ++out.large_segments;
+            out.large_reserved += seg.total_size;
+        }
+        if (seg.is_expandable) ++out.expandable_segments;
+        for (auto& b : out.segment_sizes) {
+            if (seg.total_size <= b.max) {
+                ++b.count;
+                b.bytes += seg.total_size;
+                break;
+            }
+        }
+        Bytes sum(0);
+        for (const auto& blk : seg.blocks) {
+            sum += blk.size;
+            ++out.blocks;
+            switch (blk.state) {
+                case BlockState::ActiveAllocated:
+                    ++out.active_blocks;
+                    out.allocated += blk.size;
+                    out.requested += blk.requested_size;
+                    active.push_back(SnapshotAllocation{blk.address, blk.size, blk.requested_size, seg.stream, seg.device,
+                                                        blk.frame >= 0 ? frame_label(s.frames[static_cast<std::size_t>(blk.frame)]) : ""});
+                    break;
+                case BlockState::ActivePendingFree:
+                    ++out.pending_free_blocks;
+                    out.active_pending_free += blk.size;
+                    break;
+                case BlockState::Inactive:
+                    ++out.inactive_blocks;
+                    out.inactive += blk.size;
+                    out.largest_free_block = max(out.largest_free_block, blk.size);
+                    break;
+                case BlockState::Unknown: break;
+            }
+        }
+        if (!seg.blocks.empty() && sum != seg.total_size) ++inconsistent;
+    }
+    out.fragmentation = out.reserved - out.allocated;
+    if (inconsistent)
+        out.notes.push_back(std::to_string(inconsistent) + " segment(s) whose blocks do not add up to total_size");
+
+    const auto n = static_cast<std::size_t>(std::max<std::int64_t>(0, top_n));
+    const auto by_size = [](const SnapshotAllocation& a, const SnapshotAllocation& b) {
+        return a.size != b.size ? a.size > b.size : a.address < b.address;
+    };
+    if (active.size() > n) {
+        std::partial_sort(active.begin(), active.begin() + static_cast<std::ptrdiff_t>(n), active.end(), by_size);
+        active.resize(n);
+    } else {
+        std::sort(active.begin(), active.end(), by_size);
+    }
+    out.top_allocations = std::move(active);
+
+    for (std::size_t d = 0; d < s.device_traces.size(); ++d) {
+        const auto& entries = s.device_traces[d];
+        if (entries.empty()) continue;
+        devices.insert(static_cast<int>(d));
+        SnapshotTraceStats st;
+        st.device = static_cast<int>(d);
+        st.entries = static_cast<std::int64_t>(entries.size());
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+            const auto& e = entries[i];
+            switch (e.action) {
+                case TraceAction::Alloc: ++st.alloc; break;
+                case TraceAction::FreeRequested: ++st.free_requested; break;
+                case TraceAction::FreeCompleted: ++st.free_completed; break;
+                case TraceAction::SegmentAlloc: ++st.segment_alloc; break;
+                case TraceAction::SegmentFree: ++st.segment_free; break;
+                case TraceAction::SegmentMap: ++st.segment_map; break;
+                case TraceAction::SegmentUnmap: ++st.segment_unmap; break;
+                case TraceAction::Snapshot: ++st.snapshot; break;
+                case TraceAction::Oom:
+                    ++st.oom;
+                    out.ooms.push_back(SnapshotOom{static_cast<int>(d), static_cast<std::int64_t>(i), e.size, e.device_free, e.time_us,
+                                                   e.frame >= 0 ? frame_label(s.frames[static_cast<std::size_t>(e.frame)]) : ""});
+                    break;
+                case TraceAction::Other: ++st.other; break;
+            }
+        }
+        out.traces.push_back(st);
+    }
+    out.devices.assign(devices.begin(), devices.end());
+    if (out.devices.size() > 1)
+        out.notes.push_back("the snapshot covers " + std::to_string(out.devices.size()) +
+                            " devices; the state figures add them up, the replay uses one");
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// Trace conversion.
+
+int default_device(const Snapshot& s) {
+    for (std::size_t d = 0; d < s.device_traces.size(); ++d)
+        if (!s.device_traces[d].empty()) return static_cast<int>(d);
+    int best = -1;
+    for (const auto& seg : s.segments)
+        if (best < 0 || seg.device < best) best = seg.device;
+    return best < 0 ? 0 : best;
+}
+
+namespace {
+
+class TraceBuilder {
+public:
+    TraceBuilder(const Snapshot& s, TraceConversion& out) : s_(s), out_(out) {}
+
+    std::int64_t alloc(std::int64_t stream, Bytes size, std::int32_t frame) {
+        TraceEvent e;
+        e.kind = TraceEvent::Kind::Alloc;
+        e.stream = stream_id(stream);
+        e.id = next_id_++;
+        e.size = size;
+        e.label = label(frame);
+        out_.trace.events.push_back(e);
+        ++out_.info.allocs;
+        return e.id;
+    }
+    void free(std::int64_t id, std::int64_t stream, Bytes size) {
+        TraceEvent e;
+        e.kind = TraceEvent::Kind::Free;
+        e.stream = stream_id(stream);
+        e.id = id;
+        e.size = size;
+        out_.trace.events.push_back(e);
+        ++out_.info.frees;
+    }
+
+private:
+    int stream_id(std::int64_t stream) {
+        if (stream == 0) return 0;
+        const auto it = streams_.find(stream);
+        if (it != streams_.end()) return it->second;
+        const int id = static_cast<int>(streams_.size()) + 1;
+        streams_.emplace(stream, id);
+        return id;
+    }
+    std::int32_t label(std::int32_t frame) {
+        if (frame < 0 || static_cast<std::size_t>(frame) >= s_.frames.size()) return -1;
+        const auto it = labels_.find(frame);
+        if (it != labels_.end()) return it->second;
+        const auto idx = static_cast<std::int32_t>(out_.trace.labels.size());
+        out_.trace.labels.push_back(frame_label(s_.frames[static_cast<std::size_t>(frame)]));
+        labels_.emplace(frame, idx);
+        return idx;
+    }
+
+    const Snapshot& s_;
+    TraceConversion& out_;
+    std::int64_t next_id_ = 1;
+    std::unordered_map<std::int64_t, int> streams_;
+    std::unordered_map<std::int32_t, std::int32_t> labels_;
+};
+
+void from_device_trace(const Snapshot& s, int device, TraceConversion& out) {
+    const auto& entries = s.device_traces[static_cast<std::size_t>(device)];
+    auto& info = out.info;
+    info.source = "device_traces";
+    bool completed = false, requested = false;
+    std::int64_t segment_frees = 0;
+    for (const auto& e : entries) {
+        completed = completed || e.action == TraceAction::FreeCompleted;
+        requested = requested || e.action == TraceAction::FreeRequested;
+        if (e.action == TraceAction::SegmentFree || e.action == TraceAction::SegmentUnmap) ++segment_frees;
+    }
+    const TraceAction free_action = completed ? TraceAction::FreeCompleted : TraceAction::FreeRequested;
+    info.free_action = completed || requested ? trace_action_name(free_action) : "";
+
+    // Pass 1: which allocations were alive before the trace began? A free of
+    // an address the trace never mentioned before, and a block active at the
+    // dump whose address the trace never mentions.
+    struct Seed {
+        std::int64_t addr;
+        std::int64_t stream;
+        Bytes size;
+        std::int32_t frame;
+    };
+    std::vector<Seed> seeds;
+    std::unordered_set<std::int64_t> seen;
+    for (const auto& e : entries) {
+        if (e.action == TraceAction::Alloc) {
+            seen.insert(e.addr);
+        } else if (e.action == free_action) {
+            if (seen.insert(e.addr).second) seeds.push_back(Seed{e.addr, e.stream, e.size, e.frame});
+        }
+    }
+    std::vector<Seed> at_dump;
+    for (const auto& seg : s.segments) {
+        if (seg.device != device) continue;
+        for (const auto& b : seg.blocks)
+            if (b.state == BlockState::ActiveAllocated && !seen.count(b.address))
+                at_dump.push_back(Seed{b.address, seg.stream, b.requested_size, b.frame});
+    }
+    std::sort(at_dump.begin(), at_dump.end(), [](const Seed& a, const Seed& b) { return a.addr < b.addr; });
+    seeds.insert(seeds.end(), at_dump.begin(), at_dump.end());
+
+    TraceBuilder tb(s, out);
+    struct Live {
+        std::int64_t id;
+        Bytes size;
+    };
+    std::unordered_map<std::int64_t, Live> live;
+    for (const auto& sd : seeds) {
+        live[sd.addr] = Live{tb.alloc(sd.stream, sd.size, sd.frame), sd.size};
+        ++info.seeded;
+        info.seeded_bytes += sd.size;
+    }
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+        const auto& e = entries[i];
+        if (e.action == TraceAction::Alloc) {
+            if (const auto it = live.find(e.addr); it != live.end()) {
+                tb.free(it->second.id, e.stream, it->second.size);
+                ++info.implicit_frees;
+                live.erase(it);
+            }
+            live[e.addr] = Live{tb.alloc(e.stream, e.size, e.frame), e.size};
+        } else if (e.action == free_action) {
+            if (const auto it = live.find(e.addr); it != live.end()) {
+                tb.free(it->second.id, e.stream, it->second.size);
+                live.erase(it);
+            } else {
+                ++info.unmatched_frees;
+            }
+        } else {
+            ++info.ignored;
+            if (e.action == TraceAction::Oom) {
+                ++info.ooms;
+                std::string msg = "device " + std::to_string(device) + " trace entry " + std::to_string(i) +
+                                  ": out of memory: tried to allocate " + format_bytes(e.size) + " with " +
+                                  format_bytes(e.device_free) + " free on the device";
+                if (e.frame >= 0) msg += " (" + frame_label(s.frames[static_cast<std::size_t>(e.frame)]) + ")";
+                out.notes.push_back(msg + "; the failed request is not replayed");
+            }
+        }
+    }
+    if (info.seeded)
+        out.notes.push_back(std::to_string(info.seeded) + " allocation(s) (" + format_bytes(info.seeded_bytes) +
+                            ") made before the trace began were added at its start (the trace buffer keeps only the last "
+                            "max_entries events)");
+    if (info.implicit_frees)
+        out.notes.push_back(std::to_string(info.implicit_frees) +
+                            " allocation(s) at an address still in use: the missing free was added before each");
+    if (info.unmatched_frees)
+        out.notes.push_back(std::to_string(info.unmatched_frees) + " free(s) of addresses not allocated at that point were ignored");
+    if (segment_frees)
+        out.notes.push_back(std::to_string(segment_frees) +
+                            " segment_free/segment_unmap entries (torch.cuda.empty_cache(), or cached memory released to retry "
+                            "a failed cudaMalloc) are not replayed: the replay's reserved memory can stay above the run's");
+    if (!completed && info.frees)
+        out.notes.push_back("the trace has no free_completed events; frees are taken at free_requested");
+}
+
+void from_blocks(const Snapshot& s, int device, TraceConversion& out) {
+    auto& info = out.info;
+    const bool history = s.layout == SnapshotLayout::BlockHistory;
+    info.source = history ? "block_history" : "active_blocks";
+    TraceBuilder tb(s, out);
+    std::int64_t past = 0;
+    for (const auto& seg : s.segments) {
+        if (seg.device != device) continue;
+        for (const auto& b : seg.blocks) {
+            const bool live = b.state == BlockState::ActiveAllocated;
+            if (!b.history.empty()) past += static_cast<std::int64_t>(b.history.size()) - (live ? 1 : 0);
+            if (live) tb.alloc(seg.stream, b.requested_size, b.frame);
+        }
+    }
+    std::string msg = "no event trace for device " + std::to_string(device) + " (record with torch.cuda.memory._record_memory_history()); " +
+                      "the replay allocates the " + std::to_string(info.allocs) + " block(s) live at the dump, in address order";
+    if (history) msg += " with their history's real_size";
+    out.notes.push_back(msg);
+    if (past)
+        out.notes.push_back(std::to_string(past) + " earlier allocation(s) in the block histories have no timestamps and are not replayed");
+}
+
+}  // namespace
+
+TraceConversion to_trace_detailed(const Snapshot& s, int device) {
+    TraceConversion out;
+    out.info.device = device;
+    if (device >= 0 && static_cast<std::size_t>(device) < s.device_traces.size() &&
+        !s.device_traces[static_cast<std::size_t>(device)].empty())
+        from_device_trace(s, device, out);
+    else
+        from_blocks(s, device, out);
+    out.info.events = static_cast<std::int64_t>(out.trace.events.size());
+    return out;
+}
+
+Trace to_trace(const Snapshot& s, int device) { return to_trace_detailed(s, device).trace; }
+
+// ---------------------------------------------------------------------------
+// The front-end entry point.
+
+namespace {
+SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt) {
+    SnapshotReport rep;
+    rep.summary = summarize(snap, opt.top_n);
+    int device = opt.device;
+    if (device < 0) {
+        device = default_device(snap);
+    } else {
+        const bool has_trace = static_cast<std::size_t>(device) < snap.device_traces.size() &&
+                               !snap.device_traces[static_cast<std::size_t>(device)].empty();
+        const bool has_segments = std::any_of(snap.segments.begin(), snap.segments.end(),
+                                              [&](const SnapshotSegment& sg) { return sg.device == device; });
+        if (!has_trace && !has_segments) {
+            std::string list;
+            for (int d : rep.summary.devices) list += (list.empty() ? "" : ", ") + std::to_string(d);
+            fail(ErrorCode::InvalidArgument, "device",
+                 snap.origin + ": no segments or trace entries for device " + std::to_string(device) +
+                     (list.empty() ? std::string(" (the snapshot is empty)") : " (devices in the file: " + list + ")"));
+        }
+    }
+    auto conv = to_trace_detailed(snap, device);
+    rep.summary.conversion = conv.info;
+    for (auto& n : conv.notes) rep.summary.notes.push_back(std::move(n));
+
+    ReplayOptions ro = opt.replay;
+    if (opt.config_from_snapshot) {
+        const auto it = snap.allocator_settings.find("PYTORCH_CUDA_ALLOC_CONF");
+        if (it != snap.allocator_settings.end() && !it->second.empty() && it->second != "None") {
+            auto cfg = AllocatorConfig::parse(it->second);
+            if (cfg) {
+                ro.config = cfg.value();
+                rep.summary.notes.push_back("replayed with the snapshot's PYTORCH_CUDA_ALLOC_CONF=" + it->second);
+            } else {
+                rep.summary.notes.push_back("the snapshot's PYTORCH_CUDA_ALLOC_CONF could not be used (" + cfg.error().message +
+                                            "); replayed with the default configuration");
+            }
+        }
+    }
+    rep.summary.replay_config = ro.config.to_string();
+    if (opt.run_replay) rep.replay = replay(conv.trace, ro);
+    return rep;
+}
+}  // namespace
+
+Result<SnapshotReport> analyze_snapshot_bytes(std::string_view data, std::string origin, const SnapshotOptions& opt) {
+    auto snap = parse_snapshot_bytes(data, std::move(origin));
+    if (!snap) return snap.error();
+    return capture([&]() -> Result<SnapshotReport> { return analyze(std::move(snap).value(), opt); });
+}
+
+Result<SnapshotReport> analyze_snapshot(const std::string& path, const SnapshotOptions& opt) {
+    auto snap = read_snapshot(path);
+    if (!snap) return snap.error();
+    return capture([&]() -> Result<SnapshotReport> { return analyze(std::move(snap).value(), opt); });
+}
+
+Result<SnapshotReport> analyze_snapshot(const std::string& path, const ReplayOptions& replay) {
+    SnapshotOptions opt;
+    opt.replay = replay;
+    return analyze_snapshot(path, opt);
+}
+
+}  // namespace gpumem::sim

@@ -1,0 +1,284 @@
+// gpumem/sim/trace.cpp — replay of a memory event trace through the caching
+// allocator model (or through no allocator: live requested bytes only).
+//
+// One pass over the events keeps the current allocated/reserved bytes, the
+// peaks, the per-(step, phase) peaks and a downsampled timeline; the largest
+// live tensors at the allocated peak are reconstructed by a second pass that
+// stops at the peak event (O(n), not a copy of the live set at every new peak).
+#include "gpumem/sim/trace.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace gpumem::sim {
+
+const char* phase_name(Phase p) {
+    switch (p) {
+        case Phase::Setup: return "setup";
+        case Phase::Forward: return "forward";
+        case Phase::Loss: return "loss";
+        case Phase::Backward: return "backward";
+        case Phase::Optimizer: return "optimizer";
+        case Phase::ZeroGrad: return "zero_grad";
+        case Phase::Prefill: return "prefill";
+        case Phase::Decode: return "decode";
+        case Phase::Replay: return "replay";
+    }
+    return "unknown";
+}
+
+std::int32_t Trace::add_label(std::string s) {
+    labels.push_back(std::move(s));
+    return static_cast<std::int32_t>(labels.size() - 1);
+}
+
+namespace {
+
+// The memory model behind replay(): the caching allocator, or plain live bytes.
+class Model {
+public:
+    explicit Model(const ReplayOptions& opt) : capacity_(opt.capacity) {
+        if (opt.mode == AllocatorMode::PyTorch) alloc_.emplace(opt.config, opt.capacity);
+    }
+
+    // Returns the handle, or nullopt on OOM (oom_ is then set).
+    std::optional<BlockHandle> malloc(Bytes size, int stream) {
+        if (alloc_) {
+            AllocResult r = alloc_->malloc(size, stream);
+            if (!r.ok) {
+                oom_ = r.oom;
+                return std::nullopt;
+            }
+            return r.handle;
+        }
+        if (size > capacity_ - live_) {
+            OomInfo o;
+            o.requested = size;
+            o.alloc_size = size;
+            o.allocated = live_;
+            o.reserved = live_;
+            o.capacity = capacity_;
+            o.device_free = capacity_ - live_;
+            oom_ = o;
+            ++stats_.ooms;
+            return std::nullopt;
+        }
+        live_ += size;
+        stats_.allocated = stats_.reserved = stats_.requested = live_;
+        stats_.peak_allocated = stats_.peak_reserved = stats_.peak_requested = max(stats_.peak_allocated, live_);
+        ++stats_.allocations;
+        return BlockHandle{0};
+    }
+
+    void free(BlockHandle h, Bytes size) {
+        if (alloc_) {
+            alloc_->free(h);
+            return;
+        }
+        live_ -= size;
+        stats_.allocated = stats_.reserved = stats_.requested = live_;
+        --stats_.allocations;
+    }
+
+    void empty_cache() {
+        if (alloc_) alloc_->empty_cache();
+    }
+
+    [[nodiscard]] Bytes allocated() const { return alloc_ ? alloc_->stats().allocated : live_; }
+    [[nodiscard]] Bytes reserved() const { return alloc_ ? alloc_->stats().reserved : live_; }
+    [[nodiscard]] Bytes largest_free_block() const { return alloc_ ? alloc_->largest_free_block() : Bytes(0); }
+    [[nodiscard]] const AllocatorStats& stats() const { return alloc_ ? alloc_->stats() : stats_; }
+    [[nodiscard]] const std::optional<OomInfo>& last_oom() const { return oom_; }
+
+private:
+    std::optional<CachingAllocator> alloc_;
+    Bytes capacity_;
+    Bytes live_;
+    AllocatorStats stats_;
+    std::optional<OomInfo> oom_;
+};
+
+struct Live {
+    BlockHandle handle = 0;
+    Bytes size;
+};
+
+bool same_phase(const TraceEvent& a, const TraceEvent& b) { return a.phase == b.phase && a.step == b.step; }
+
+}  // namespace
+
+ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
+    ReplayResult res;
+    const auto& ev = trace.events;
+    const auto n = static_cast<std::int64_t>(ev.size());
+    Model model(opt);
+
+    // --- timeline budget: peaks and the final point (3), phase boundaries (at
+    // most half the budget), the rest per-bucket maxima.
+    const std::int64_t max_points = opt.record_timeline ? std::max<std::int64_t>(opt.max_timeline_points, 0) : 0;
+    std::int64_t boundaries = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+        if (i == 0 || !same_phase(ev[static_cast<std::size_t>(i)], ev[static_cast<std::size_t>(i - 1)])) ++boundaries;
+    const std::int64_t kept_boundaries = std::min(boundaries, max_points / 2);
+    const std::int64_t buckets = std::max<std::int64_t>(1, max_points - kept_boundaries - 3);
+    const std::int64_t bucket_size = std::max<std::int64_t>(1, (n + buckets - 1) / buckets);
+    std::vector<TimelinePoint> points;
+    if (max_points > 0) points.reserve(static_cast<std::size_t>(buckets + kept_boundaries + 3));
+    std::int64_t boundary_points = 0;
+    std::int64_t cur_bucket = -1;
+    std::optional<TimelinePoint> bucket_best;
+    TimelinePoint reserved_peak_point;
+    bool have_reserved_peak = false;
+
+    std::unordered_map<std::int64_t, Live> live;
+    live.reserve(1024);
+    std::vector<std::uint8_t> accepted(static_cast<std::size_t>(n), 0);  // Alloc events that allocated
+    std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
+
+    for (std::int64_t i = 0; i < n; ++i) {
+        const TraceEvent& e = ev[static_cast<std::size_t>(i)];
+        switch (e.kind) {
+            case TraceEvent::Kind::Alloc: {
+                if (live.count(e.id)) {
+                    ++res.duplicate_allocs;
+                    break;
+                }
+                auto h = model.malloc(e.size, e.stream);
+                if (!h) {
+                    ++res.failed_allocs;
+                    failed.insert(e.id);
+                    if (!res.oom) {
+                        res.oom = model.last_oom();
+                        res.oom_event = i;
+                    }
+                    break;  // skipped: its Free finds no live id and is ignored
+                }
+                live.emplace(e.id, Live{*h, e.size});
+                accepted[static_cast<std::size_t>(i)] = 1;
+                break;
+            }
+            case TraceEvent::Kind::Free: {
+                auto it = live.find(e.id);
+                if (it == live.end()) {
+                    if (failed.erase(e.id) == 0) ++res.unknown_frees;
+                    break;
+                }
+                model.free(it->second.handle, it->second.size);
+                live.erase(it);
+                break;
+            }
+            case TraceEvent::Kind::EmptyCache: model.empty_cache(); break;
+            case TraceEvent::Kind::PhaseMark: break;
+        }
+
+        const Bytes allocated = model.allocated();
+        const Bytes reserved = model.reserved();
+        if (allocated > res.peak_allocated) {
+            res.peak_allocated = allocated;
+            res.peak_event = i;
+            res.peak_phase = e.phase;
+            res.peak_step = e.step;
+            res.fragmentation_at_peak = reserved - allocated;
+            res.largest_free_block_at_peak = model.largest_free_block();
+        }
+        if (reserved > res.peak_reserved) {
+            res.peak_reserved = reserved;
+            reserved_peak_point = TimelinePoint{i, e.phase, e.step, allocated, reserved};
+            have_reserved_peak = true;
+        }
+
+        const bool new_phase = i == 0 || !same_phase(e, ev[static_cast<std::size_t>(i - 1)]);
+        if (new_phase) res.phases.push_back(PhasePeak{e.phase, e.step, allocated, reserved});
+        PhasePeak& pp = res.phases.back();
+        pp.peak_allocated = max(pp.peak_allocated, allocated);
+        pp.peak_reserved = max(pp.peak_reserved, reserved);
+
+        if (max_points > 0) {
+            const TimelinePoint pt{i, e.phase, e.step, allocated, reserved};
+            if (new_phase && boundary_points < kept_boundaries) {
+                points.push_back(pt);
+                ++boundary_points;
+            }
+            const std::int64_t b = i / bucket_size;
+            if (b != cur_bucket) {
+                if (bucket_best) points.push_back(*bucket_best);
+                bucket_best = pt;
+                cur_bucket = b;
+            } else if (allocated > bucket_best->allocated) {
+                bucket_best = pt;
+            }
+        }
+    }
+
+    res.final_allocated = model.allocated();
+    res.final_reserved = model.reserved();
+    res.allocator = model.stats();
+
+    // --- timeline: merge, keep the peaks, at most max_points.
+    if (max_points > 0 && n > 0) {
+        if (bucket_best) points.push_back(*bucket_best);
+        if (have_reserved_peak) points.push_back(reserved_peak_point);
+        const TraceEvent& last = ev.back();
+        points.push_back(TimelinePoint{n - 1, last.phase, last.step, res.final_allocated, res.final_reserved});
+        auto by_event = [](const TimelinePoint& a, const TimelinePoint& b) { return a.event < b.event; };
+        std::stable_sort(points.begin(), points.end(), by_event);
+        points.erase(std::unique(points.begin(), points.end(),
+                                 [](const TimelinePoint& a, const TimelinePoint& b) { return a.event == b.event; }),
+                     points.end());
+        if (static_cast<std::int64_t>(points.size()) > max_points) {
+            // Tiny budgets only: keep the allocated peak first, then the highest points.
+            std::stable_sort(points.begin(), points.end(), [&](const TimelinePoint& a, const TimelinePoint& b) {
+                const bool pa = a.event == res.peak_event, pb = b.event == res.peak_event;
+                if (pa != pb) return pa;
+                return a.allocated > b.allocated;
+            });
+            points.resize(static_cast<std::size_t>(max_points));
+            std::sort(points.begin(), points.end(), by_event);
+        }
+        res.timeline = std::move(points);
+    }
+
+    // --- second pass: live tensors at the allocated peak.
+    if (res.peak_event >= 0 && opt.top_tensors > 0) {
+        struct Rec {
+            Bytes size;
+            std::int32_t label;
+            Phase phase;
+        };
+        std::unordered_map<std::int64_t, Rec> at_peak;
+        at_peak.reserve(live.size() + 16);
+        for (std::int64_t i = 0; i <= res.peak_event; ++i) {
+            const TraceEvent& e = ev[static_cast<std::size_t>(i)];
+            if (e.kind == TraceEvent::Kind::Alloc && accepted[static_cast<std::size_t>(i)]) {
+                at_peak.emplace(e.id, Rec{e.size, e.label, e.phase});
+            } else if (e.kind == TraceEvent::Kind::Free) {
+                at_peak.erase(e.id);
+            }
+        }
+        std::vector<LiveTensor> all;
+        all.reserve(at_peak.size());
+        for (const auto& [id, r] : at_peak) {
+            LiveTensor t;
+            t.id = id;
+            t.size = r.size;
+            if (r.label >= 0 && static_cast<std::size_t>(r.label) < trace.labels.size())
+                t.label = trace.labels[static_cast<std::size_t>(r.label)];
+            t.phase = r.phase;
+            all.push_back(std::move(t));
+        }
+        const auto top = static_cast<std::size_t>(std::min<std::int64_t>(opt.top_tensors, static_cast<std::int64_t>(all.size())));
+        auto larger = [](const LiveTensor& a, const LiveTensor& b) {
+            if (a.size != b.size) return a.size > b.size;
+            return a.id < b.id;
+        };
+        std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(top), all.end(), larger);
+        all.resize(top);
+        res.top_at_peak = std::move(all);
+    }
+    return res;
+}
+
+}  // namespace gpumem::sim
