@@ -55,6 +55,10 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import activations_oracle as A  # noqa: E402  (also sets torch.set_num_threads(2))
 
+# The event list depends on the intra-op thread count: e.g. CPU native_layer_norm_backward allocates a
+# [num_threads, 2, h]-sized fp32 scratch.  Pin it (activations_oracle already does).
+torch.set_num_threads(2)
+
 PHASES = ["forward", "backward", "optimizer", "zero_grad", "release"]
 LR = 1e-3
 EVENTS_FOR = {"gpt2-h64-L2-b2-s32", "llama-h64-kv2-L2-b2-s32"}  # cases whose step-1 event list is written
@@ -431,6 +435,7 @@ def main():
               f"({s1['peak_phase']}/{s1['peak_op']}) step2 peak={s2['peak_bytes']:>11} ({s2['peak_phase']}/"
               f"{s2['peak_op']}) ev={s1['num_memory_events']}/{s2['num_memory_events']}", file=sys.stderr)
     out = {"generator": "oracle/step_oracle.py", "torch_version": torch.__version__, "phases": PHASES,
+           "num_threads": torch.get_num_threads(),
            "cases": results, "step1_events": events}
     if args.out:
         d = os.path.dirname(args.out)

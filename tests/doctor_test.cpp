@@ -1,5 +1,5 @@
 // The OOM doctor: message parsing (both PyTorch wordings), verdicts, ranked
-// remedies, and remedy predictions checked against independent estimate() calls.
+// remedies, and remedy predictions checked against independent simulate_estimate() calls.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/plan/doctor.hpp"
+#include "gpumem/sim/simulate.hpp"
 #include "gpumem/report/doctor_render.hpp"
 
 using namespace gpumem;
@@ -262,8 +263,8 @@ TEST(Doctor, DeterministicAndSuggestedSplitSize) {
     EXPECT_EQ(suggested_max_split_size_mb(GiB(2)), 2048);
 }
 
-// With the run's settings every model-side remedy is priced by estimate():
-// the numbers must equal independent estimate() calls made here.
+// With the run's settings every model-side remedy is priced by simulate_estimate():
+// the numbers must equal independent simulate_estimate() calls made here.
 TEST(Doctor, WithRunPricesRemediesWithEstimate) {
     const EstimateRequest run = llama_run();
     auto r = diagnose(kV2Full, run);
@@ -271,7 +272,7 @@ TEST(Doctor, WithRunPricesRemediesWithEstimate) {
     const DoctorResult& d = r.value();
     ASSERT_TRUE(d.baseline.has_value());
 
-    auto base = estimate(run);
+    auto base = simulate_estimate(run);
     ASSERT_TRUE(base.ok()) << base.error().message;
     EXPECT_EQ(d.baseline->peak_reserved, base->per_gpu.peak_reserved);
     EXPECT_EQ(d.baseline->total_device, base->per_gpu.total_device);
@@ -280,7 +281,7 @@ TEST(Doctor, WithRunPricesRemediesWithEstimate) {
         const Remedy* rem = find(d, key);
         ASSERT_NE(rem, nullptr) << key;
         ASSERT_TRUE(rem->prediction.has_value()) << key << ": " << rem->basis;
-        auto e = estimate(variant);
+        auto e = simulate_estimate(variant);
         ASSERT_TRUE(e.ok()) << key << ": " << e.error().message;
         EXPECT_EQ(rem->prediction->peak_reserved, e->per_gpu.peak_reserved) << key;
         EXPECT_EQ(rem->prediction->peak_allocated, e->per_gpu.peak_allocated) << key;
@@ -402,7 +403,7 @@ TEST(DoctorRender, WithRunShowsPredictions) {
 }
 
 // When no single remedy fits, the greedy combination is priced as one
-// estimate() of all its settings together.
+// simulate_estimate() of all its settings together.
 TEST(Doctor, CombinedRemediesMatchEstimate) {
     auto r = diagnose(kV2Full, llama_run());
     ASSERT_TRUE(r.ok()) << r.error().message;
@@ -427,7 +428,7 @@ TEST(Doctor, CombinedRemediesMatchEstimate) {
         else if (k == "lora") req.mode = Mode::Lora;
         else FAIL() << "unexpected key " << k;
     }
-    auto e = estimate(req);
+    auto e = simulate_estimate(req);
     ASSERT_TRUE(e.ok()) << e.error().message;
     EXPECT_EQ(c.prediction.total_device, e->per_gpu.total_device);
     EXPECT_EQ(c.prediction.fits_message_gpu, e->per_gpu.total_device <= d.numbers.total_capacity);

@@ -17,6 +17,7 @@
 //   device-generic allocator.) format_size(): "<n> bytes" up to 1024, then
 //   KiB / MiB / GiB with two decimals.
 #include "gpumem/plan/doctor.hpp"
+#include "gpumem/sim/simulate.hpp"
 
 #include <algorithm>
 #include <array>
@@ -426,7 +427,7 @@ std::optional<CombinedRemedy> combine(const DoctorResult& d, const std::vector<V
         if (v == priced.end()) continue;
         EstimateRequest next = cur;
         apply_setting(next, v->req, setting);
-        auto e = estimate(next);
+        auto e = simulate_estimate(next);
         if (!e) continue;
         used.push_back(setting);
         cur = next;
@@ -623,7 +624,7 @@ Result<DoctorResult> diagnose(std::string_view message, const std::optional<Esti
             generic("lora", "LoRA", "--mode lora",
                     "frozen base weights need no gradients or optimizer states; only the adapters train");
         } else {
-            auto base_res = estimate(*run);
+            auto base_res = simulate_estimate(*run);
             if (!base_res) return base_res.error();
             const EstimateResult& base = base_res.value();
             DoctorBaseline b;
@@ -713,12 +714,25 @@ Result<DoctorResult> diagnose(std::string_view message, const std::optional<Esti
                 v.req.precision = Precision::BF16;
                 vars.push_back(v);
             }
+            // Allocator settings priced by replaying the simulated step with them.
+            for (auto& r : rem) {
+                if (r.key != "expandable_segments" && r.key != "max_split_size") continue;
+                EstimateRequest q = br;
+                const std::string setting = r.action.substr(r.action.find('=') + 1);
+                q.alloc_conf = br.alloc_conf.empty() ? setting : br.alloc_conf + "," + setting;
+                auto e = simulate_estimate(q);
+                if (!e) continue;
+                r.prediction = predict(e.value(), b, n);
+                r.saving = r.prediction->saving;
+                r.basis += "; gpumem simulation of this run: peak reserved " + gib(r.prediction->peak_reserved) + " vs " +
+                           gib(b.peak_reserved);
+            }
             for (const auto& v : vars) {
                 Remedy r;
                 r.key = v.key;
                 r.title = v.title;
                 r.action = v.action;
-                auto e = estimate(v.req);
+                auto e = simulate_estimate(v.req);
                 if (!e) {
                     r.applicable = false;
                     r.basis = "estimate rejected this variant: " + e.error().message;
@@ -727,7 +741,7 @@ Result<DoctorResult> diagnose(std::string_view message, const std::optional<Esti
                 }
                 r.prediction = predict(e.value(), b, n);
                 r.saving = r.prediction->saving;
-                r.basis = "gpumem estimate: peak reserved " + gib(r.prediction->peak_reserved) + " vs " + gib(b.peak_reserved) +
+                r.basis = "gpumem simulation: peak reserved " + gib(r.prediction->peak_reserved) + " vs " + gib(b.peak_reserved) +
                           " for the run as given";
                 r.addresses_verdict = model_addresses && r.prediction->saving > Bytes(0);
                 rem.push_back(r);
