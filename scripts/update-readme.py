@@ -10,6 +10,7 @@ import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMELINE = ["estimate", "llama-3.2-1b", "--batch", "4", "--seq", "2048", "--gpu", "A100-40GB"]
 EXAMPLE = ["estimate", "llama-3-8b", "--mode", "train", "--batch", "4", "--seq", "4096", "--gpu", "A100-80GB"]
 
 
@@ -28,7 +29,11 @@ def main():
     path = os.path.join(ROOT, "README.md")
     text = open(path).read()
     out = subprocess.run([gpumem, *EXAMPLE], capture_output=True, text=True, check=True).stdout
-    text = replace_block(text, "example", "```\n$ gpumem " + " ".join(EXAMPLE) + "\n" + out + "```\n")
+    subprocess.run([gpumem, *TIMELINE, "--timeline", os.path.join(ROOT, "docs/timeline-example.svg")],
+                   capture_output=True, text=True, check=True)
+    text = replace_block(text, "example", "```\n$ gpumem " + " ".join(EXAMPLE) + "\n" + out + "```\n\n"
+                         "The simulated memory timeline of `gpumem " + " ".join(TIMELINE) +
+                         " --timeline docs/timeline-example.svg`:\n\n![memory timeline](docs/timeline-example.svg)\n")
     acc = subprocess.run(["python3", os.path.join(ROOT, "scripts/accuracy.py"), "--gpumem", gpumem],
                          capture_output=True, text=True, check=True).stdout
     text = replace_block(text, "accuracy", acc)

@@ -72,6 +72,7 @@ struct BlockPlan {
     std::vector<std::int32_t> label;  // per tensor
     std::vector<char> has_weight;     // per op
     std::vector<Bytes> weight_cast;   // per op: autocast 16-bit copy of its weights
+    std::vector<Bytes> dequant;       // per op: 4-bit weight dequantized for the matmul
     std::vector<std::vector<Bytes>> param_grads;  // per op: one entry per trainable param tensor
     std::vector<char> lora;
     std::vector<Bytes> lora_a, lora_b;
@@ -151,6 +152,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
 
     p.has_weight.assign(nops, 0);
     p.weight_cast.assign(nops, Bytes(0));
+    p.dequant.assign(nops, Bytes(0));
     p.param_grads.assign(nops, {});
     p.lora.assign(nops, 0);
     p.lora_a.assign(nops, Bytes(0));
@@ -170,6 +172,14 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             }
         }
         if (op.params.empty() && op.kind == OpKind::Linear) elems = checked_mul(op.in_features, op.out_features);
+        // bitsandbytes 4-bit layers dequantize their weight to the compute dtype
+        // for every matmul (forward and backward), one layer at a time.
+        if ((job.quant == Quant::NF4 || job.quant == Quant::Int4) && op.kind == OpKind::Linear)
+            for (auto pi : op.params) {
+                const Param& prm = b.params[static_cast<std::size_t>(pi)];
+                if (prm.linear_weight && prm.module != "lm_head" && prm.shape.size() == 2)
+                    p.dequant[o] = dtype_bytes(c.lowered, prm.shape[0] * prm.shape[1]);
+            }
         if (!inference && c.autocast && !job.lora && job.wdt == DType::F32 && is_matmul(op.kind) && p.has_weight[o])
             p.weight_cast[o] = dtype_bytes(c.lowered, elems);
         if (job.lora && !inference && lora_applies(op, c.lora_targets)) {
@@ -323,6 +333,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
         const bool lora = grad_mode && p.lora[o];
         const bool any_grad = grad_mode && (any_in_rg || base_tr || lora);
         std::vector<std::size_t> unread;
+        const std::int64_t dq = em_.alloc(p.dequant[o], p.label[static_cast<std::size_t>(op.outputs.empty() ? 0 : op.outputs.front())]);
         for (auto t : op.outputs) {
             const auto ti = static_cast<std::size_t>(t);
             in.rg[ti] = (any_grad && op.kind != OpKind::Input) ? 1 : 0;
@@ -350,6 +361,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
                 release_previous_batch();
             }
         }
+        em_.unref(dq);
         if (is_matmul(op.kind)) workspace(false);
         // Autocast caches a 16-bit copy of each fp32 weight for the forward; the
         // matmul keeps it for backward when its input needs a gradient.
@@ -491,11 +503,13 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad) {
         const bool root = op.kind == OpKind::Loss;
         if (has_out_grad || root) {
             const bool base_tr = job_.train && !job_.lora && p.has_weight[o];
+            const std::int64_t dq = em_.alloc(p.dequant[o], glabel);
             for (auto t : op.inputs) {
                 const auto ti = static_cast<std::size_t>(t);
                 if (p.dt[ti] == DType::I64 || p.dt[ti] == DType::Bool) continue;
                 grad_for(t);
             }
+            em_.unref(dq);
             if (is_matmul(op.kind)) workspace(true);
             if (base_tr)
                 for (const Bytes& pg : p.param_grads[o]) param_grad(pg, glabel);
