@@ -189,12 +189,13 @@ class ToyMLP(nn.Module):
 def case_name(fam, cfg, b, s):
     if fam == "toy_mlp":
         return f"toy_mlp-b{b}-{cfg['optimizer']}"
+    pad = "-pad" if cfg.get("loss_impl") == "pad" else ""
     if fam == "gpt2":
         n = f"gpt2-h{cfg['hidden']}-L{cfg['layers']}-b{b}-s{s}"
         if cfg["resid_pdrop"] == 0.0:
             n += "-p0"
-        return n
-    return f"llama-h{cfg['hidden']}-kv{cfg['kv_heads']}-L{cfg['layers']}-b{b}-s{s}"
+        return n + pad
+    return f"llama-h{cfg['hidden']}-kv{cfg['kv_heads']}-L{cfg['layers']}-b{b}-s{s}" + pad
 
 
 def build_cases():
@@ -214,6 +215,9 @@ def build_cases():
         ("llama", l(64, 4, 5000, 2, 344), 2, 32),
         ("llama", l(128, 2, 1000, 4, 172), 2, 128),
     ]
+    # The same models with transformers >= 4.46's ForCausalLMLoss (labels padded
+    # and shifted, no copy of the shifted logits): what gpumem models.
+    cases += [(fam, dict(cfg, loss_impl="pad"), b, s) for fam, cfg, b, s in cases]
     return cases
 
 

@@ -241,6 +241,8 @@ private:
     // batch is loaded, `loss` (and a custom loop's `out`) until the next
     // forward rebinds them.
     std::vector<std::int64_t> batch_refs_, prev_batch_refs_;
+    std::vector<std::int64_t> forward_refs_;  // locals of the model's forward (logits)
+    std::vector<std::pair<Bytes, std::int64_t>> tied_grads_;  // gradient of a weight shared with a later op
     std::vector<std::int64_t> result_refs_, prev_result_refs_;
     void release_previous_batch() {
         for (auto id : prev_batch_refs_) em_.unref(id);
@@ -362,6 +364,14 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
             }
         }
         em_.unref(dq);
+        if (grad_mode && op.kind == OpKind::Linear && op.name.size() >= 7 && op.name.compare(op.name.size() - 7, 7, "lm_head") == 0 &&
+            !op.outputs.empty()) {
+            // `logits` is a local of the model's forward: alive through the loss,
+            // dropped when forward returns (the Trainer keeps only the loss).
+            const auto id = in.gid[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.outputs.front())])];
+            em_.ref(id);
+            forward_refs_.push_back(id);
+        }
         if (is_matmul(op.kind)) workspace(false);
         // Autocast caches a 16-bit copy of each fp32 weight for the forward; the
         // matmul keeps it for backward when its input needs a gradient.
@@ -511,8 +521,26 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad) {
             }
             em_.unref(dq);
             if (is_matmul(op.kind)) workspace(true);
+            if (base_tr && op.params.empty() && op.kind == OpKind::Linear) {
+                // A tied weight (lm_head sharing the embedding): its gradient waits
+                // for the owner's contribution.
+                tied_grads_.emplace_back(dtype_bytes(job_.tdt, checked_mul(op.in_features, op.out_features)),
+                                         em_.alloc(dtype_bytes(job_.tdt, checked_mul(op.in_features, op.out_features)), glabel));
+            }
             if (base_tr)
-                for (const Bytes& pg : p.param_grads[o]) param_grad(pg, glabel);
+                for (const Bytes& pg : p.param_grads[o]) {
+                    auto tied = std::find_if(tied_grads_.begin(), tied_grads_.end(), [&](const auto& t) { return t.first == pg; });
+                    if (tied != tied_grads_.end()) {
+                        // AccumulateGrad adds the second contribution out of place.
+                        const auto contrib = em_.alloc(pg, glabel);
+                        param_grad(pg, glabel);
+                        em_.unref(contrib);
+                        em_.unref(tied->second);
+                        tied_grads_.erase(tied);
+                    } else {
+                        param_grad(pg, glabel);
+                    }
+                }
             if (p.lora[o]) {
                 em_.transient(p.lora_a[o], glabel);
                 for (const Bytes& lg : p.lora_grads[o]) param_grad(lg, glabel);
@@ -602,6 +630,8 @@ void StepBuilder::micro_batch() {
     em_.unref(x);  // the loss scalar / model output handed back
     for (auto id : dropped_casts_) em_.unref(id);
     dropped_casts_.clear();
+    for (auto id : forward_refs_) em_.unref(id);
+    forward_refs_.clear();
     release_previous_batch();
     for (auto id : prev_result_refs_) em_.unref(id);
     prev_result_refs_.clear();
@@ -661,13 +691,18 @@ void StepBuilder::optimizer_step(int step) {
         for (auto e : per) tmp.push_back(em_.alloc(dtype_bytes(sd, e), tlabel));
         for (auto id : tmp) em_.unref(id);
     } else if (adam_like && impl == OptimizerImpl::ForLoop) {
-        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps):
+        // the sqrt and the quotient coexist, and the previous parameter's `denom`
+        // stays bound until the new one is assigned (measured by oracle/step_oracle.py).
+        std::int64_t denom = 0;
         for (auto e : per) {
             const auto a = em_.alloc(dtype_bytes(sd, e), tlabel);
             const auto b = em_.alloc(dtype_bytes(sd, e), tlabel);
             em_.unref(a);
-            em_.unref(b);
+            em_.unref(denom);
+            denom = b;
         }
+        em_.unref(denom);
     } else if (o == Optimizer::Adafactor) {
         // transformers Adafactor: update = grad**2 + eps, then the scaled update.
         for (auto e : per) {
