@@ -67,6 +67,7 @@ struct JobFlags {
     std::int64_t batch = 1, grad_accum = 1, lora_rank = 16, gen_len = 0;
     std::optional<std::int64_t> seq;
     bool analytic = false;
+    bool lazy = true;
 
     void add(CLI::App* c, bool model_positional) {
         if (model_positional) c->add_option("model", model, "preset name, config.json, model folder or layer-list JSON");
@@ -90,6 +91,8 @@ struct JobFlags {
         c->add_option("--gpu", gpu, "GPU from the catalog (gpumem gpus)")->capture_default_str();
         c->add_option("--gpu-memory", gpu_memory, "override the GPU's capacity, e.g. 24GiB");
         c->add_option("--cuda-context", cuda_context, "override the CUDA context size, e.g. 1343MiB");
+        c->add_option("--cuda-lazy-loading", lazy, "true|false: CUDA lazy module loading (default true; false for CUDA < 11.7 / PyTorch < 1.13)")
+            ->capture_default_str();
         c->add_option("--allocator", allocator, "pytorch|none (none: live tensor bytes only, as the CPU profiler sees)")->capture_default_str();
         c->add_option("--alloc-conf", alloc_conf, "PYTORCH_CUDA_ALLOC_CONF, e.g. \"max_split_size_mb:128,expandable_segments:True\"");
         c->add_option("--cublas-workspace", cublas_ws, "size of one cuBLAS workspace (default by GPU: 8.125 MiB, 32 MiB on Hopper+)");
@@ -126,6 +129,7 @@ struct JobFlags {
         req.alloc_conf = alloc_conf;
         if (!cublas_ws.empty()) req.cublas_workspace = unwrap(parse_size(cublas_ws, "cublas-workspace"));
         req.analytic = analytic;
+        req.cuda_lazy_loading = lazy;
         return req;
     }
 };

@@ -202,12 +202,13 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         const Bytes overhead = act.largest_tensor.round_up(MiB(2).count());
         pg.allocator_overhead = overhead;
         pg.peak_reserved = pg.peak_allocated + overhead;
-        pg.cuda_context = req.cuda_context.value_or(out.gpu.cuda_context);
+        pg.cuda_context = req.cuda_context.value_or(req.cuda_lazy_loading ? out.gpu.cuda_context : out.gpu.cuda_context_eager);
         pg.total_device = pg.peak_reserved + pg.cuda_context;
         pg.fits = pg.total_device <= capacity;
         out.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", overhead, "one largest-tensor block kept cached, 2 MiB segments"});
         out.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", pg.cuda_context,
-                                 req.cuda_context ? "--cuda-context" : "default for " + out.gpu.name + " with lazy module loading"});
+                                 req.cuda_context ? "--cuda-context"
+                                                  : "default for " + out.gpu.name + (req.cuda_lazy_loading ? " with lazy module loading" : " with eager module loading")});
         // Invariant: rows sum to the total.
         Bytes sum;
         for (const auto& r : out.breakdown) sum += r.bytes;

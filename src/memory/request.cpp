@@ -175,6 +175,10 @@ Result<EstimateRequest> request_from_json(const nlohmann::json& body) {
             else if (k == "gpu") r.gpu = json_str(v, k);
             else if (k == "gpu-memory") r.gpu_memory = v.is_string() ? take(parse_size(v.get<std::string>(), "gpu-memory")) : Bytes(json_int(v, k));
             else if (k == "cuda-context") r.cuda_context = v.is_string() ? take(parse_size(v.get<std::string>(), "cuda-context")) : Bytes(json_int(v, k));
+            else if (k == "cuda-lazy-loading") {
+                if (!v.is_boolean()) fail(ErrorCode::InvalidArgument, k, "\"cuda-lazy-loading\" must be true or false");
+                r.cuda_lazy_loading = v.get<bool>();
+            }
             else if (k == "allocator") r.allocator = take(parse_allocator(json_str(v, k)));
             else if (k == "alloc-conf") r.alloc_conf = json_str(v, k);
             else if (k == "cublas-workspace") r.cublas_workspace = v.is_string() ? take(parse_size(v.get<std::string>(), "cublas-workspace")) : Bytes(json_int(v, k));
@@ -213,6 +217,7 @@ nlohmann::json request_to_json(const EstimateRequest& r) {
     j["gpu"] = r.gpu;
     if (r.gpu_memory) j["gpu_memory"] = r.gpu_memory->count();
     if (r.cuda_context) j["cuda_context"] = r.cuda_context->count();
+    if (!r.cuda_lazy_loading) j["cuda_lazy_loading"] = false;
     j["allocator"] = to_string(r.allocator);
     if (!r.alloc_conf.empty()) j["alloc_conf"] = r.alloc_conf;
     if (r.cublas_workspace) j["cublas_workspace"] = r.cublas_workspace->count();

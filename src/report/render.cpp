@@ -275,7 +275,8 @@ nlohmann::json gpus_to_json(const std::vector<GpuSpec>& gs) {
     for (const auto& g : gs)
         j.push_back({{"name", g.name}, {"vendor", g.vendor}, {"arch", g.arch}, {"memory", g.memory.count()},
                      {"bandwidth_gbs", g.bandwidth_gbs}, {"tflops", {{"fp32", g.tflops_fp32}, {"tf32", g.tflops_tf32}, {"fp16", g.tflops_fp16}, {"bf16", g.tflops_bf16}, {"fp8", g.tflops_fp8}, {"int8", g.tflops_int8}}},
-                     {"cuda_context", g.cuda_context.count()}, {"cublas_workspace", g.cublas_workspace.count()}});
+                     {"cuda_context", g.cuda_context.count()}, {"cuda_context_eager_loading", g.cuda_context_eager.count()},
+                     {"cublas_workspace", g.cublas_workspace.count()}});
     return {{"gpus", j}};
 }
 

@@ -168,7 +168,8 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                                              format_bytes(s.largest_free_block_at_peak)
                                        : "none (--allocator none)"});
         r.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", context,
-                               req.cuda_context ? "--cuda-context" : "default for " + r.gpu.name + " with lazy module loading"});
+                               req.cuda_context ? "--cuda-context"
+                                                : "default for " + r.gpu.name + (req.cuda_lazy_loading ? " with lazy module loading" : " with eager module loading")});
         r.assumptions.push_back(std::string("peaks simulated: ") + std::to_string(s.events) + " allocator events over " +
                                 (j.train ? std::to_string(st.steps.size()) + " training steps" : std::string("prefill and decode")) +
                                 ", allocator " + s.allocator + (s.alloc_conf.empty() ? "" : " (" + s.alloc_conf + ")"));

@@ -32,7 +32,8 @@ struct GpuSpec {
     double tflops_bf16 = 0;
     double tflops_fp8 = 0;             // 0: unsupported
     double tflops_int8 = 0;
-    Bytes cuda_context;                // default context + kernels outside the allocator
+    Bytes cuda_context;                // context + kernels outside the allocator, lazy module loading
+    Bytes cuda_context_eager;          // the same with eager module loading (CUDA < 11.7 / PyTorch < 1.13)
     Bytes cublas_workspace;            // one cuBLAS workspace (per handle/stream)
 };
 

@@ -66,6 +66,7 @@ struct EstimateRequest {
     std::string gpu = "H100-80GB";
     std::optional<Bytes> gpu_memory;   // overrides the catalog's capacity
     std::optional<Bytes> cuda_context; // overrides the CUDA context estimate
+    bool cuda_lazy_loading = true;     // CUDA_MODULE_LOADING=LAZY (default since CUDA 11.7 + PyTorch 1.13)
     AllocatorKind allocator = AllocatorKind::PyTorch;
     std::string alloc_conf;            // PYTORCH_CUDA_ALLOC_CONF syntax
     std::optional<Bytes> cublas_workspace;  // overrides one cuBLAS workspace's size
