@@ -22,25 +22,6 @@ using namespace gpumem;
 
 namespace {
 
-nlohmann::json hf_config(const nlohmann::json& c, const std::string& family) {
-    if (family == "gpt2")
-        return {{"model_type", "gpt2"},        {"n_embd", c["hidden"]},          {"n_head", c["heads"]},
-                {"n_layer", c["layers"]},      {"n_inner", c["intermediate"]},   {"vocab_size", c["vocab"]},
-                {"n_positions", c["n_positions"]}, {"resid_pdrop", c["resid_pdrop"]}, {"embd_pdrop", c["embd_pdrop"]},
-                {"attn_pdrop", c["attn_pdrop"]}, {"layer_norm_epsilon", c["eps"]}};
-    nlohmann::json j = {{"model_type", "llama"},
-                        {"hidden_size", c["hidden"]},
-                        {"num_attention_heads", c["heads"]},
-                        {"num_key_value_heads", c["kv_heads"]},
-                        {"num_hidden_layers", c["layers"]},
-                        {"intermediate_size", c["intermediate"]},
-                        {"vocab_size", c["vocab"]},
-                        {"tie_word_embeddings", c["tie_word_embeddings"]},
-                        {"max_position_embeddings", 4096},
-                        {"rms_norm_eps", c["eps"]}};
-    if (c.contains("attention_dropout")) j["attention_dropout"] = c["attention_dropout"];
-    return j;
-}
 
 double ratio(Bytes got, std::int64_t want) { return static_cast<double>(got.count()) / static_cast<double>(want); }
 
@@ -54,7 +35,7 @@ TEST(StepOracle, PeakLiveBytesWithinTwoPercent) {
         if (family == "toy_mlp") continue;  // CPU-only mm copies; the GPU measurement is tested in step_sim_test
         const auto& c = cs["config"];
         if (c.value("loss_impl", "shift") != "pad") continue;
-        auto g = load_hf_config_json(hf_config(c, family), "oracle case");
+        auto g = load_hf_config_json(test::oracle_hf_config(c, family), "oracle case");
         ASSERT_TRUE(g.ok()) << g.error().message;
         EstimateRequest req;
         req.precision = Precision::FP32;

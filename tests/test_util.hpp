@@ -45,4 +45,26 @@ inline CliResult run_cli(const std::string& args) {
     return r;
 }
 
+// The Hugging Face config.json of an oracle case (oracle/activations_oracle.py
+// gpt2_config / llama_config keys -> transformers' config keys).
+inline nlohmann::json oracle_hf_config(const nlohmann::json& c, const std::string& family) {
+    if (family == "gpt2")
+        return {{"model_type", "gpt2"},           {"n_embd", c["hidden"]},          {"n_head", c["heads"]},
+                {"n_layer", c["layers"]},         {"n_inner", c["intermediate"]},   {"vocab_size", c["vocab"]},
+                {"n_positions", c["n_positions"]}, {"resid_pdrop", c["resid_pdrop"]}, {"embd_pdrop", c["embd_pdrop"]},
+                {"attn_pdrop", c["attn_pdrop"]},  {"layer_norm_epsilon", c["eps"]}};
+    nlohmann::json j = {{"model_type", "llama"},
+                        {"hidden_size", c["hidden"]},
+                        {"num_attention_heads", c["heads"]},
+                        {"num_key_value_heads", c["kv_heads"]},
+                        {"num_hidden_layers", c["layers"]},
+                        {"intermediate_size", c["intermediate"]},
+                        {"vocab_size", c["vocab"]},
+                        {"tie_word_embeddings", c["tie_word_embeddings"]},
+                        {"max_position_embeddings", 4096},
+                        {"rms_norm_eps", c["eps"]}};
+    if (c.contains("attention_dropout")) j["attention_dropout"] = c["attention_dropout"];
+    return j;
+}
+
 }  // namespace gpumem::test
