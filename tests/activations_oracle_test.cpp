@@ -14,10 +14,6 @@
 
 using namespace gpumem;
 
-namespace {
-
-
-}  // namespace
 
 TEST(ActivationsOracle, EveryCaseWithinThreePercent) {
     const auto fx = test::read_json("tests/fixtures/oracle/activations.json");

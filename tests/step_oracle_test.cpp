@@ -22,7 +22,6 @@ using namespace gpumem;
 
 namespace {
 
-
 double ratio(Bytes got, std::int64_t want) { return static_cast<double>(got.count()) / static_cast<double>(want); }
 
 }  // namespace
