@@ -4,6 +4,8 @@
 // plus loading a preset from its embedded config for reference.
 #include <benchmark/benchmark.h>
 
+#include <nlohmann/json.hpp>
+
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/sim/step.hpp"
@@ -78,5 +80,28 @@ static void BM_SimulateStep70B(benchmark::State& state) {
     state.counters["events"] = static_cast<double>(events);
 }
 BENCHMARK(BM_SimulateStep70B)->Unit(benchmark::kMillisecond);
+
+// Issue 4: a 405B-parameter model on 16,384 GPUs (tp 8 x pp 2 x dp 1024,
+// distributed optimizer) on the analytic path in under 50 microseconds.
+static void BM_Estimate405B16kGpus(benchmark::State& state) {
+    const nlohmann::json cfg = {{"model_type", "llama"},        {"hidden_size", 16384},          {"num_hidden_layers", 126},
+                                {"num_attention_heads", 128},   {"num_key_value_heads", 8},      {"intermediate_size", 53248},
+                                {"vocab_size", 128256},         {"max_position_embeddings", 131072}};
+    const ModelGraph g = load_hf_config_json(cfg, "llama-3.1-405b").value();
+    EstimateRequest req;
+    req.seq = 8192;
+    req.grad_accum = 16;
+    req.parallel.gpus = 16384;
+    req.parallel.nodes = 2048;
+    req.parallel.tp = 8;
+    req.parallel.pp = 2;
+    req.parallel.sp = true;
+    req.parallel.distributed_optimizer = true;
+    for (auto _ : state) {
+        auto r = estimate(g, req);
+        benchmark::DoNotOptimize(r);
+    }
+}
+BENCHMARK(BM_Estimate405B16kGpus)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -68,6 +68,8 @@ struct JobFlags {
     std::optional<std::int64_t> seq;
     bool analytic = false;
     bool lazy = true;
+    ParallelConfig par;
+    std::string pp_schedule = "1f1b", fsdp = "none", offload_optimizer = "none", offload_params = "none";
 
     void add(CLI::App* c, bool model_positional) {
         if (model_positional) c->add_option("model", model, "preset name, config.json, model folder or layer-list JSON");
@@ -97,6 +99,21 @@ struct JobFlags {
         c->add_option("--alloc-conf", alloc_conf, "PYTORCH_CUDA_ALLOC_CONF, e.g. \"max_split_size_mb:128,expandable_segments:True\"");
         c->add_option("--cublas-workspace", cublas_ws, "size of one cuBLAS workspace (default by GPU: 8.125 MiB, 32 MiB on Hopper+)");
         c->add_flag("--analytic", analytic, "skip the step simulation (analytic peaks only)");
+        c->add_option("--gpus", par.gpus, "GPUs in the job (data parallel = gpus / (tp x pp x cp))")->capture_default_str();
+        c->add_option("--nodes", par.nodes, "nodes (GPUs per node = gpus / nodes)")->capture_default_str();
+        c->add_option("--tp", par.tp, "tensor parallel size")->capture_default_str();
+        c->add_option("--pp", par.pp, "pipeline parallel size")->capture_default_str();
+        c->add_option("--cp", par.cp, "context parallel size")->capture_default_str();
+        c->add_option("--ep", par.ep, "expert parallel size")->capture_default_str();
+        c->add_flag("--sp", par.sp, "sequence parallelism (with --tp)");
+        c->add_option("--pp-schedule", pp_schedule, "1f1b|interleaved")->capture_default_str();
+        c->add_option("--vpp", par.vpp, "virtual pipeline stages per rank (interleaved)")->capture_default_str();
+        c->add_option("--zero", par.zero, "DeepSpeed ZeRO stage 0|1|2|3")->capture_default_str();
+        c->add_option("--fsdp", fsdp, "PyTorch FSDP sharding: none|full|grad-op|hybrid")->capture_default_str();
+        c->add_flag("--distributed-optimizer", par.distributed_optimizer, "Megatron's distributed optimizer");
+        c->add_option("--offload-optimizer", offload_optimizer, "none|cpu|nvme")->capture_default_str();
+        c->add_option("--offload-params", offload_params, "none|cpu|nvme")->capture_default_str();
+        c->add_option("--capacity-factor", par.capacity_factor, "MoE token capacity factor")->capture_default_str();
     }
 
     [[nodiscard]] EstimateRequest request() const {
@@ -130,6 +147,11 @@ struct JobFlags {
         if (!cublas_ws.empty()) req.cublas_workspace = unwrap(parse_size(cublas_ws, "cublas-workspace"));
         req.analytic = analytic;
         req.cuda_lazy_loading = lazy;
+        req.parallel = par;
+        req.parallel.schedule = unwrap(parse_pp_schedule(pp_schedule));
+        req.parallel.fsdp = unwrap(parse_fsdp(fsdp));
+        req.parallel.offload_optimizer = unwrap(parse_offload(offload_optimizer, "offload-optimizer"));
+        req.parallel.offload_params = unwrap(parse_offload(offload_params, "offload-params"));
         return req;
     }
 };

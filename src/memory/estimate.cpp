@@ -209,6 +209,43 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         out.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", pg.cuda_context,
                                  req.cuda_context ? "--cuda-context"
                                                   : "default for " + out.gpu.name + (req.cuda_lazy_loading ? " with lazy module loading" : " with eager module loading")});
+        if (!job.layout.cfg.trivial()) {
+            // Distributed: the most loaded GPU replaces the single-GPU parts.
+            ParallelResult par = parallel_memory(g, job, job.layout, pg.transient);
+            const StageMemory& m = par.stages[static_cast<std::size_t>(par.most_loaded)];
+            pg.weights = m.weights;
+            pg.gradients = m.gradients;
+            pg.optimizer_states = m.optimizer_states;
+            pg.master_weights = job.master > Bytes(0) && m.optimizer_states > Bytes(0)
+                                    ? Bytes(static_cast<std::int64_t>(static_cast<double>(m.optimizer_states.count()) *
+                                                                      static_cast<double>(job.master.count()) /
+                                                                      static_cast<double>((job.opt_states + job.master).count())))
+                                    : Bytes(0);
+            pg.activations = m.activations;
+            pg.transient = m.transient;
+            pg.peak_allocated = m.allocated + cublas;
+            pg.allocator_overhead = act.largest_tensor.ceil_div(job.layout.cfg.tp).round_up(MiB(2).count());
+            pg.peak_reserved = pg.peak_allocated + pg.allocator_overhead;
+            pg.total_device = pg.peak_reserved + pg.cuda_context + par.nccl_outside;
+            pg.fits = pg.total_device <= capacity;
+            pg.peak_phase = "stage " + std::to_string(m.stage) + " (" + m.contents + ")";
+            const std::string where = "pipeline stage " + std::to_string(m.stage) + " (" + m.contents + ")";
+            out.breakdown = {
+                {"weights", "weights", m.weights, where + (job.layout.cfg.offload_params != Offload::None ? ", offloaded" : "")},
+                {"gradients", "gradients", m.gradients, job.layout.shard > 1 && (job.layout.cfg.zero >= 2 || job.layout.cfg.fsdp != Fsdp::None) ? "sharded over " + std::to_string(job.layout.shard) + " ranks" : "full copy per rank"},
+                {"optimizer_states", "optimizer states (incl. master weights)", m.optimizer_states, job.layout.cfg.offload_optimizer != Offload::None ? "offloaded" : "sharded over " + std::to_string(job.layout.cfg.zero >= 1 || job.layout.cfg.fsdp != Fsdp::None || job.layout.cfg.distributed_optimizer ? job.layout.shard : 1) + " ranks"},
+                {"activations", "activations (micro-batches in flight)", m.activations, std::to_string(m.in_flight) + " micro-batch(es) in flight"},
+                {"gathered_params", "gathered parameters (ZeRO-3 / FSDP)", m.gathered_params, "unsharded layers in flight"},
+                {"comm_buffers", "communication buffers", m.comm_buffers, "DDP/ZeRO buckets, reduce-scatter, pipeline send/recv"},
+                {"transient", "temporaries", m.transient, "loss head / activation gradients"},
+                {"cublas_workspace", "cuBLAS workspaces", cublas, std::to_string(cublas_handles) + " x " + format_bytes(out.gpu.cublas_workspace)},
+                {"allocator_overhead", "allocator cache (reserved - allocated)", pg.allocator_overhead, "one largest-tensor block"},
+                {"cuda_context", "CUDA context (outside PyTorch)", pg.cuda_context, "per GPU"},
+                {"nccl", "NCCL buffers (outside PyTorch)", par.nccl_outside, format_bytes(job.layout.cfg.nccl_per_communicator) + " per communicator"},
+            };
+            out.assumptions.insert(out.assumptions.end(), par.notes.begin(), par.notes.end());
+            out.parallel = std::move(par);
+        }
         // Invariant: rows sum to the total.
         Bytes sum;
         for (const auto& r : out.breakdown) sum += r.bytes;

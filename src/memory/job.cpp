@@ -257,6 +257,11 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
             actx.lora_targets = req.lora_targets;
             actx.lora_rank = req.lora_rank;
         }
+        {
+            auto lay = resolve_layout(req.parallel, g, seq, req.grad_accum);
+            if (!lay) throw InputError(lay.error());
+            job.layout = lay.value();
+        }
         job.req = req;
         job.train = train;
         job.lora = lora;

@@ -179,6 +179,30 @@ Result<EstimateRequest> request_from_json(const nlohmann::json& body) {
                 if (!v.is_boolean()) fail(ErrorCode::InvalidArgument, k, "\"cuda-lazy-loading\" must be true or false");
                 r.cuda_lazy_loading = v.get<bool>();
             }
+            else if (k == "gpus") r.parallel.gpus = json_int(v, k);
+            else if (k == "nodes") r.parallel.nodes = json_int(v, k);
+            else if (k == "tp") r.parallel.tp = json_int(v, k);
+            else if (k == "pp") r.parallel.pp = json_int(v, k);
+            else if (k == "cp") r.parallel.cp = json_int(v, k);
+            else if (k == "ep") r.parallel.ep = json_int(v, k);
+            else if (k == "vpp") r.parallel.vpp = json_int(v, k);
+            else if (k == "sp") {
+                if (!v.is_boolean()) fail(ErrorCode::InvalidArgument, k, "\"sp\" must be true or false");
+                r.parallel.sp = v.get<bool>();
+            }
+            else if (k == "distributed-optimizer") {
+                if (!v.is_boolean()) fail(ErrorCode::InvalidArgument, k, "\"distributed-optimizer\" must be true or false");
+                r.parallel.distributed_optimizer = v.get<bool>();
+            }
+            else if (k == "zero") r.parallel.zero = static_cast<int>(json_int(v, k));
+            else if (k == "pp-schedule") r.parallel.schedule = take(parse_pp_schedule(json_str(v, k)));
+            else if (k == "fsdp") r.parallel.fsdp = take(parse_fsdp(json_str(v, k)));
+            else if (k == "offload-optimizer") r.parallel.offload_optimizer = take(parse_offload(json_str(v, k), "offload-optimizer"));
+            else if (k == "offload-params") r.parallel.offload_params = take(parse_offload(json_str(v, k), "offload-params"));
+            else if (k == "capacity-factor") {
+                if (!v.is_number()) fail(ErrorCode::InvalidArgument, k, "\"capacity-factor\" must be a number");
+                r.parallel.capacity_factor = v.get<double>();
+            }
             else if (k == "allocator") r.allocator = take(parse_allocator(json_str(v, k)));
             else if (k == "alloc-conf") r.alloc_conf = json_str(v, k);
             else if (k == "cublas-workspace") r.cublas_workspace = v.is_string() ? take(parse_size(v.get<std::string>(), "cublas-workspace")) : Bytes(json_int(v, k));
@@ -218,6 +242,23 @@ nlohmann::json request_to_json(const EstimateRequest& r) {
     if (r.gpu_memory) j["gpu_memory"] = r.gpu_memory->count();
     if (r.cuda_context) j["cuda_context"] = r.cuda_context->count();
     if (!r.cuda_lazy_loading) j["cuda_lazy_loading"] = false;
+    if (!r.parallel.trivial()) {
+        const ParallelConfig& c = r.parallel;
+        j["gpus"] = c.gpus;
+        j["nodes"] = c.nodes;
+        j["tp"] = c.tp;
+        j["pp"] = c.pp;
+        j["cp"] = c.cp;
+        j["ep"] = c.ep;
+        j["sp"] = c.sp;
+        j["pp_schedule"] = to_string(c.schedule);
+        j["vpp"] = c.vpp;
+        j["zero"] = c.zero;
+        j["fsdp"] = to_string(c.fsdp);
+        j["distributed_optimizer"] = c.distributed_optimizer;
+        j["offload_optimizer"] = to_string(c.offload_optimizer);
+        j["offload_params"] = to_string(c.offload_params);
+    }
     j["allocator"] = to_string(r.allocator);
     if (!r.alloc_conf.empty()) j["alloc_conf"] = r.alloc_conf;
     if (r.cublas_workspace) j["cublas_workspace"] = r.cublas_workspace->count();

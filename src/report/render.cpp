@@ -154,6 +154,27 @@ nlohmann::json estimate_to_json(const EstimateResult& r) {
         j["activations_by_block"].push_back({{"block", b.block}, {"repeat", b.repeat}, {"per_instance", b.per_instance.count()}});
     j["gpu"] = {{"name", r.gpu.name}, {"memory", r.gpu.memory.count()}};
     j["seq"] = r.seq;
+    if (r.parallel) {
+        const ParallelResult& par = *r.parallel;
+        nlohmann::json pj;
+        pj["dp"] = par.layout.dp;
+        pj["gpus_per_node"] = par.layout.gpus_per_node;
+        pj["most_loaded_stage"] = par.most_loaded;
+        pj["nccl_outside_allocator"] = par.nccl_outside.count();
+        pj["cpu_per_node"] = par.cpu_per_node.count();
+        pj["nvme_per_node"] = par.nvme_per_node.count();
+        pj["comm_bytes_per_step"] = {{"tp", par.comm.tp_per_step.count()}, {"dp", par.comm.dp_per_step.count()},
+                                     {"pp", par.comm.pp_per_step.count()}, {"cp", par.comm.cp_per_step.count()},
+                                     {"ep", par.comm.ep_per_step.count()}};
+        pj["stages"] = nlohmann::json::array();
+        for (const auto& s : par.stages)
+            pj["stages"].push_back({{"stage", s.stage}, {"contents", s.contents}, {"params", s.params}, {"weights", s.weights.count()},
+                                    {"gradients", s.gradients.count()}, {"optimizer_states", s.optimizer_states.count()},
+                                    {"activations", s.activations.count()}, {"in_flight", s.in_flight},
+                                    {"gathered_params", s.gathered_params.count()}, {"comm_buffers", s.comm_buffers.count()},
+                                    {"transient", s.transient.count()}, {"allocated", s.allocated.count()}});
+        j["parallel"] = pj;
+    }
     if (r.simulation) {
         const SimulationSummary& s = *r.simulation;
         nlohmann::json sj;
@@ -211,6 +232,22 @@ std::string render_estimate(const EstimateResult& r, Format f) {
         return out;
     }
     out += head + "\n" + verdict + "\n\n" + render_table(t, f);
+    if (r.parallel) {
+        const ParallelResult& par = *r.parallel;
+        Table st;
+        st.header = {"stage", "holds", "params/GPU", "weights", "grads", "optimizer", "activations", "buffers", "allocated"};
+        st.right_align = {true, false, true, true, true, true, true, true, true};
+        for (const auto& s : par.stages)
+            st.rows.push_back({std::to_string(s.stage), s.contents, human_count(s.params), format_bytes(s.weights), format_bytes(s.gradients),
+                               format_bytes(s.optimizer_states), format_bytes(s.activations), format_bytes(s.gathered_params + s.comm_buffers),
+                               format_bytes(s.allocated)});
+        out += "\nper pipeline stage (one GPU of each; the most loaded is stage " + std::to_string(par.most_loaded) + "):\n" + render_table(st, f);
+        if (par.cpu_per_node > Bytes(0) || par.nvme_per_node > Bytes(0))
+            out += "offload per node: CPU " + format_bytes(par.cpu_per_node) + ", NVMe " + format_bytes(par.nvme_per_node) + "\n";
+        out += "communication per step and GPU: tp " + format_bytes(par.comm.tp_per_step) + ", dp " + format_bytes(par.comm.dp_per_step) +
+               ", pp " + format_bytes(par.comm.pp_per_step) + ", cp " + format_bytes(par.comm.cp_per_step) + ", ep " +
+               format_bytes(par.comm.ep_per_step) + "\n";
+    }
     if (r.simulation) {
         const SimulationSummary& s = *r.simulation;
         Table ph;

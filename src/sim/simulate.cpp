@@ -56,6 +56,11 @@ Kind kind_of(const std::string& label) {
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req) {
     auto analytic = estimate(g, req);
     if (!analytic || req.analytic || g.params_only > 0) return analytic;
+    if (!req.parallel.trivial()) {
+        EstimateResult r = std::move(analytic).value();
+        r.assumptions.push_back("distributed layout: per-GPU peaks from the analytic stage model (the step simulation covers one GPU)");
+        return r;
+    }
     auto conf = sim::AllocatorConfig::parse(req.alloc_conf);
     if (!conf) return conf.error();
     auto job = resolve_job(g, req);

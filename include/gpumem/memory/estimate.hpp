@@ -26,6 +26,7 @@
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
+#include "gpumem/memory/parallel.hpp"
 #include "gpumem/memory/request.hpp"
 #include "gpumem/model/graph.hpp"
 
@@ -127,6 +128,7 @@ struct EstimateResult {
     std::vector<std::string> assumptions;
     std::vector<std::string> warnings;
     std::optional<SimulationSummary> simulation;  // absent on the analytic path
+    std::optional<ParallelResult> parallel;       // distributed layouts: every pipeline stage
 };
 
 // Validates the request against the model (batch > 0, seq within limits,

@@ -16,6 +16,7 @@
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
+#include "gpumem/memory/parallel.hpp"
 #include "gpumem/memory/request.hpp"
 #include "gpumem/model/graph.hpp"
 
@@ -72,6 +73,7 @@ struct Job {
     Bytes master;                     // fp32 master weights (fp16 training)
     Bytes opt_states;                 // excl. master
     Bytes dequant;                    // 4-bit: one dequantized weight in flight
+    Layout layout;                    // resolved distributed layout (trivial on one GPU)
     std::vector<std::string> assumptions;
     std::vector<std::string> warnings;
 };

@@ -15,6 +15,7 @@
 #include "gpumem/core/bytes.hpp"
 #include "gpumem/core/dtype.hpp"
 #include "gpumem/core/result.hpp"
+#include "gpumem/memory/parallel.hpp"
 
 namespace gpumem {
 
@@ -71,6 +72,7 @@ struct EstimateRequest {
     std::string alloc_conf;            // PYTORCH_CUDA_ALLOC_CONF syntax
     std::optional<Bytes> cublas_workspace;  // overrides one cuBLAS workspace's size
     bool analytic = false;             // skip the step simulation (fast path)
+    ParallelConfig parallel;           // distributed layout (default: one GPU)
 };
 
 // Enum parsers used by every front end: the error names the flag and lists
