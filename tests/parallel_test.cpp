@@ -165,3 +165,17 @@ TEST(Parallel, CliJson) {
     EXPECT_EQ(bad.exit_code, 2);
     EXPECT_NE(bad.err.find("tp x pp x cp = 4"), std::string::npos) << bad.err;
 }
+
+// shared/reference/memory-formulas.md: Megatron bf16 with fp32 gradients keeps
+// 2 + 4 + 12 bytes per parameter; the distributed optimizer makes it 6 + 12/DP.
+TEST(Parallel, MegatronDistributedOptimizer) {
+    EstimateRequest req;
+    req.params_count = 7'000'000'000;
+    req.precision = Precision::BF16;
+    req.parallel.distributed_optimizer = true;
+    req.parallel.gpus = 8;
+    const auto r = run(req);
+    EXPECT_EQ(r.per_gpu.weights.count(), 2 * 7'000'000'000LL);
+    EXPECT_EQ(r.per_gpu.gradients.count(), 4 * 7'000'000'000LL);
+    EXPECT_EQ(r.per_gpu.optimizer_states.count(), 12 * 7'000'000'000LL / 8);
+}

@@ -221,7 +221,11 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
                                   ? dtype_bytes(prec == Precision::FP32 ? DType::F32 : half, largest_linear)
                                   : Bytes(0);
         // Adapters are kept in fp32 under autocast (PEFT autocast_adapter_dtype).
-        const DType tdt = lora ? (amp || prec == Precision::FP32 ? DType::F32 : half) : wdt;
+        // Megatron mixed precision (--distributed-optimizer with --precision
+        // bf16/fp16): 16-bit parameters, fp32 main gradients, fp32 master weights
+        // and Adam moments: 2 + 4 + 12 bytes per parameter (6 + 12/dp sharded).
+        const bool megatron = req.parallel.distributed_optimizer && !lora && (prec == Precision::BF16 || prec == Precision::FP16);
+        const DType tdt = lora ? (amp || prec == Precision::FP32 ? DType::F32 : half) : (megatron ? DType::F32 : wdt);
         Bytes adapter_weights;
         if (lora) {
             adapter_weights = dtype_bytes(tdt, trainable_params);
@@ -231,7 +235,7 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         DType state_dt = DType::F32;
         if (train) {
             grads = dtype_bytes(tdt, trainable_params);
-            if (prec == Precision::FP16 && !lora) {
+            if ((prec == Precision::FP16 && !lora) || megatron) {
                 // fp16 weights and grads with an fp32 master copy (ZeRO paper's
                 // mixed precision, apex O2 / DeepSpeed fp16): 2 + 2 + 4 + optimizer.
                 master = dtype_bytes(DType::F32, trainable_params);
@@ -262,6 +266,8 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
             if (!lay) throw InputError(lay.error());
             job.layout = lay.value();
         }
+        if (megatron)
+            job.assumptions.push_back("Megatron mixed precision: 16-bit parameters, fp32 main gradients, fp32 master weights and optimizer states");
         job.req = req;
         job.train = train;
         job.lora = lora;
