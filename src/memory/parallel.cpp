@@ -204,6 +204,12 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const Layout
         std::int64_t first_layer = -1;
     };
     std::vector<StageAcc> st(static_cast<std::size_t>(p));
+    res.instance_stage.resize(g.blocks.size());
+    res.activation_scale.assign(g.blocks.size(), 1.0);
+    for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
+        const Bytes whole = lin[bi] + std::min(quad[bi], quad[bi].ceil_div(std::max<std::int64_t>(1, c.cp)));
+        if (whole > Bytes(0)) res.activation_scale[bi] = static_cast<double>(scaled(bi).count()) / static_cast<double>(whole.count());
+    }
     std::int64_t layer = 0;
     bool seen_layers = false;
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
@@ -224,6 +230,7 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const Layout
             } else {
                 s = seen_layers && layer >= total_layers ? p - 1 : std::min(p - 1, layer / per_stage);
             }
+            res.instance_stage[bi].push_back(static_cast<std::int32_t>(s));
             StageAcc& a = st[static_cast<std::size_t>(s)];
             a.dense = checked_add(a.dense, dense);
             a.experts = checked_add(a.experts, experts);

@@ -16,7 +16,7 @@ namespace gpumem {
 namespace {
 
 // Kinds of live memory at the peak, told apart by the labels step.cpp writes.
-enum Kind : std::uint8_t { kWeights, kAdapters, kMaster, kGrads, kOptStates, kActivations, kActGrads, kCasts, kKv, kWorkspace, kOptTemp, kKinds };
+enum Kind : std::uint8_t { kWeights, kAdapters, kMaster, kGrads, kOptStates, kActivations, kActGrads, kCasts, kKv, kWorkspace, kOptTemp, kGathered, kComm, kKinds };
 
 struct KindInfo {
     const char* key;
@@ -34,11 +34,15 @@ constexpr std::array<KindInfo, kKinds> kKindInfo{{
     {"kv_cache", "KV cache"},
     {"cublas_workspace", "cuBLAS workspaces"},
     {"optimizer_temporaries", "optimizer temporaries"},
+    {"gathered_params", "gathered parameters (ZeRO-3 / FSDP)"},
+    {"comm_buffers", "communication buffers"},
 }};
 
 Kind kind_of(const std::string& label) {
     auto has = [&](const char* s) { return label.find(s) != std::string::npos; };
     if (has("(weight)")) return kWeights;
+    if (has("gathered parameters")) return kGathered;
+    if (has("gradient buckets") || has("pipeline receive buffer")) return kComm;
     if (has("LoRA adapters")) return kAdapters;
     if (has("master weights")) return kMaster;
     if (has("parameter gradients")) return kGrads;
@@ -56,9 +60,9 @@ Kind kind_of(const std::string& label) {
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req) {
     auto analytic = estimate(g, req);
     if (!analytic || req.analytic || g.params_only > 0) return analytic;
-    if (!req.parallel.trivial()) {
+    if (!req.parallel.trivial() && req.mode == Mode::Infer) {
         EstimateResult r = std::move(analytic).value();
-        r.assumptions.push_back("distributed layout: per-GPU peaks from the analytic stage model (the step simulation covers one GPU)");
+        r.assumptions.push_back("distributed inference: per-GPU peaks from the analytic stage model");
         return r;
     }
     auto conf = sim::AllocatorConfig::parse(req.alloc_conf);
@@ -71,6 +75,10 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         const bool pytorch = req.allocator == AllocatorKind::PyTorch;
 
         sim::StepTraceOptions so;
+        if (r.parallel) {
+            so.parallel = &*r.parallel;
+            so.stage = r.parallel->most_loaded;
+        }
         so.cublas_workspaces = pytorch;
         so.cublas_workspace = req.cublas_workspace.value_or(j.gpu.cublas_workspace);
         const sim::StepTrace st = sim::build_step_trace(g, j, so);
@@ -78,7 +86,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         sim::ReplayOptions ro;
         ro.mode = pytorch ? sim::AllocatorMode::PyTorch : sim::AllocatorMode::None;
         ro.config = conf.value();
-        const Bytes context = r.per_gpu.cuda_context;
+        const Bytes context = r.per_gpu.cuda_context + (r.parallel ? r.parallel->nccl_outside : Bytes(0));
         ro.capacity = j.capacity > context ? j.capacity - context : Bytes(0);
         ro.top_tensors = 10;
         // Replay against the GPU's capacity: the allocator frees its cache and
@@ -172,7 +180,10 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                                pytorch ? "cached free blocks at the reserved peak; largest free block at the allocated peak " +
                                              format_bytes(s.largest_free_block_at_peak)
                                        : "none (--allocator none)"});
-        r.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", context,
+        if (r.parallel)
+            r.breakdown.push_back({"nccl", "NCCL buffers (outside PyTorch)", r.parallel->nccl_outside,
+                                   format_bytes(job.value().layout.cfg.nccl_per_communicator) + " per communicator"});
+        r.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", r.per_gpu.cuda_context,
                                req.cuda_context ? "--cuda-context"
                                                 : "default for " + r.gpu.name + (req.cuda_lazy_loading ? " with lazy module loading" : " with eager module loading")});
         r.assumptions.push_back(std::string("peaks simulated: ") + std::to_string(s.events) + " allocator events over " +

@@ -1,6 +1,8 @@
 #include "gpumem/sim/step.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
 #include <map>
 #include <string>
 
@@ -73,6 +75,7 @@ struct BlockPlan {
     std::vector<char> has_weight;     // per op
     std::vector<Bytes> weight_cast;   // per op: autocast 16-bit copy of its weights
     std::vector<Bytes> dequant;       // per op: 4-bit weight dequantized for the matmul
+    std::vector<Bytes> tied_grad;     // per op reading a weight owned elsewhere: its gradient on this rank
     std::vector<std::vector<Bytes>> param_grads;  // per op: one entry per trainable param tensor
     std::vector<char> lora;
     std::vector<Bytes> lora_a, lora_b;
@@ -80,7 +83,21 @@ struct BlockPlan {
     bool checkpointed = false;
 };
 
-BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool inference, Emitter& em) {
+// Elements of one tensor of a parameter on one rank (tensor-parallel layers
+// split by tp, routed experts by ep).
+std::int64_t rank_elements(const Param& prm, const Layout* lay) {
+    std::int64_t per = 1;
+    for (auto d : prm.shape) per = checked_mul(per, d);
+    if (!lay) return per;
+    const bool tp_split = prm.component == Component::Attention || prm.component == Component::Mlp ||
+                          prm.component == Component::Experts || prm.component == Component::Embeddings ||
+                          prm.component == Component::Head;
+    if (tp_split) per = (per + lay->cfg.tp - 1) / lay->cfg.tp;
+    return per;
+}
+
+BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool inference, Emitter& em, double act_scale = 1.0,
+                     const Layout* lay = nullptr) {
     BlockPlan p;
     p.blk = &b;
     p.seq = seq;
@@ -96,6 +113,8 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
         const TensorInfo& t = b.tensors[i];
         p.dt[i] = resolve_role(t.role, c);
         p.bytes[i] = dtype_bytes(p.dt[i], t.extent.elements(c.batch, c.seq));
+        if (act_scale != 1.0)
+            p.bytes[i] = Bytes(static_cast<std::int64_t>(std::llround(static_cast<double>(p.bytes[i].count()) * act_scale)));
         p.storage[i] = static_cast<TensorId>(i);
         if (t.alias_of >= 0 && p.dt[static_cast<std::size_t>(t.alias_of)] == p.dt[i])
             p.storage[i] = p.storage[static_cast<std::size_t>(t.alias_of)];
@@ -153,6 +172,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
     p.has_weight.assign(nops, 0);
     p.weight_cast.assign(nops, Bytes(0));
     p.dequant.assign(nops, Bytes(0));
+    p.tied_grad.assign(nops, Bytes(0));
     p.param_grads.assign(nops, {});
     p.lora.assign(nops, 0);
     p.lora_a.assign(nops, Bytes(0));
@@ -166,12 +186,16 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             const Param& prm = b.params[static_cast<std::size_t>(pi)];
             elems = checked_add(elems, prm.numel());
             if (job.train && !job.lora) {
-                std::int64_t per = 1;
-                for (auto d : prm.shape) per = checked_mul(per, d);
-                for (std::int64_t k = 0; k < prm.count; ++k) p.param_grads[o].push_back(dtype_bytes(job.tdt, per));
+                const std::int64_t per = rank_elements(prm, lay);
+                const std::int64_t copies = (lay && prm.component == Component::Experts) ? (prm.count + lay->cfg.ep - 1) / lay->cfg.ep : prm.count;
+                for (std::int64_t k = 0; k < copies; ++k) p.param_grads[o].push_back(dtype_bytes(job.tdt, per));
             }
         }
-        if (op.params.empty() && op.kind == OpKind::Linear) elems = checked_mul(op.in_features, op.out_features);
+        if (op.params.empty() && op.kind == OpKind::Linear) {
+            elems = checked_mul(op.in_features, op.out_features);
+            // A tied head is split like the embedding it shares (vocab-parallel).
+            p.tied_grad[o] = dtype_bytes(job.tdt, lay ? (elems + lay->cfg.tp - 1) / lay->cfg.tp : elems);
+        }
         // bitsandbytes 4-bit layers dequantize their weight to the compute dtype
         // for every matmul (forward and backward), one layer at a time.
         if ((job.quant == Quant::NF4 || job.quant == Quant::Int4) && op.kind == OpKind::Linear)
@@ -181,7 +205,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
                     p.dequant[o] = dtype_bytes(c.lowered, prm.shape[0] * prm.shape[1]);
             }
         if (!inference && c.autocast && !job.lora && job.wdt == DType::F32 && is_matmul(op.kind) && p.has_weight[o])
-            p.weight_cast[o] = dtype_bytes(c.lowered, elems);
+            p.weight_cast[o] = dtype_bytes(c.lowered, lay ? (elems + lay->cfg.tp - 1) / lay->cfg.tp : elems);
         if (job.lora && !inference && lora_applies(op, c.lora_targets)) {
             p.lora[o] = 1;
             const std::int64_t rows = b.tensors[static_cast<std::size_t>(op.inputs.front())].extent.elements(c.batch, c.seq) /
@@ -224,7 +248,6 @@ private:
     void param_grad(Bytes bytes, std::int32_t label);
     void workspace(bool autograd_thread);
     void setup();
-    void micro_batch();
     void optimizer_step(int step);
     void inference();
 
@@ -252,6 +275,22 @@ private:
     std::vector<std::int64_t> states_;
     bool ws_main_ = false, ws_autograd_ = false;
     std::int32_t param_grad_label_ = -1;
+    // Distributed: one rank of one pipeline stage.
+    bool dist_ = false;
+    std::vector<std::pair<std::size_t, std::int64_t>> units_;  // (plan, instances) on this stage, in order
+    struct RankParam {
+        std::int64_t elems = 0;   // one tensor on this rank after tp / ep
+        std::int64_t shard = 1;   // ranks its sharded states are split over
+    };
+    std::vector<RankParam> rank_params_;
+    std::vector<Bytes> block_gather_;     // per plan: 16-bit parameters of one instance (tp-sharded)
+    std::vector<Bytes> block_grad_;       // per plan: gradients of one instance before reduce-scatter
+    bool gather_ = false, shard_grads_ = false, shard_opt_ = false;
+    bool first_stage_ = true, last_stage_ = true;
+    std::int64_t bucket_ = 0;
+    void rank_setup();
+    std::vector<Instance> forward_mb();
+    void backward_mb(std::vector<Instance>& stack);
     std::map<std::string, std::pair<std::int64_t, bool>> shared_;  // key -> (tensor, requires grad)
     std::map<std::string, std::int64_t> shared_grad_;
 };
@@ -273,6 +312,12 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     in.plan = &p;
     in.input = input;
     in.input_rg = input_rg;
+    // ZeRO-3 / FSDP: all-gather the layer's parameters before its forward.
+    std::int64_t gathered = 0;
+    if (gather_) {
+        const auto pi = static_cast<std::size_t>(&p - plans_.data());
+        gathered = em_.alloc(block_gather_[pi], em_.label(b.name + " (gathered parameters)"));
+    }
     const std::size_t n = b.tensors.size();
     in.gid.assign(n, 0);
     in.rg.assign(n, 0);
@@ -412,6 +457,10 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
         for (auto st : unread) em_.unref(in.gid[st]);
         for (auto t : op.inputs) read_done(t);
     }
+    if (gathered != 0) {
+        if (job_.layout.cfg.fsdp == Fsdp::GradOp && grad_mode) in.extra.push_back(gathered);  // kept until backward
+        else em_.unref(gathered);  // resharded after forward
+    }
     if (selective && keep_saves)
         for (const auto& s : b.attention)
             if (in.rg[static_cast<std::size_t>(s.q)])
@@ -458,6 +507,10 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad) {
     grad[out_st] = out_grad;
     bool recomputed_core = false;
     const std::int32_t glabel = em_.label(b.name + " (activation gradients)");
+    const auto pi = static_cast<std::size_t>(in.plan - plans_.data());
+    std::int64_t gathered = 0, full_grads = 0;
+    if (gather_ && job_.layout.cfg.fsdp != Fsdp::GradOp) gathered = em_.alloc(block_gather_[pi], em_.label(b.name + " (gathered parameters)"));
+    if (shard_grads_ && job_.train && !job_.lora) full_grads = em_.alloc(block_grad_[pi], glabel);
 
     auto grad_for = [&](TensorId t) {
         const auto st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(t)]);
@@ -524,10 +577,9 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad) {
             if (base_tr && op.params.empty() && op.kind == OpKind::Linear) {
                 // A tied weight (lm_head sharing the embedding): its gradient waits
                 // for the owner's contribution.
-                tied_grads_.emplace_back(dtype_bytes(job_.tdt, checked_mul(op.in_features, op.out_features)),
-                                         em_.alloc(dtype_bytes(job_.tdt, checked_mul(op.in_features, op.out_features)), glabel));
+                tied_grads_.emplace_back(p.tied_grad[o], em_.alloc(p.tied_grad[o], glabel));
             }
-            if (base_tr)
+            if (base_tr && !shard_grads_)
                 for (const Bytes& pg : p.param_grads[o]) {
                     auto tied = std::find_if(tied_grads_.begin(), tied_grads_.end(), [&](const auto& t) { return t.first == pg; });
                     if (tied != tied_grads_.end()) {
@@ -560,6 +612,12 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad) {
     }
     for (auto id : in.extra) em_.unref(id);
     in.extra.clear();
+    if (full_grads != 0) {
+        // Reduce-scatter: each rank keeps its shard of the layer's gradients.
+        param_grad(block_grad_[pi].ceil_div(job_.layout.shard), glabel);
+        em_.unref(full_grads);
+    }
+    em_.unref(gathered);
     std::int64_t input_grad = grad[st0];
     const std::string& provides = b.tensors[0].shared_key;
     if (!provides.empty()) {
@@ -604,7 +662,43 @@ void StepBuilder::setup() {
     em_.mark();
 }
 
-void StepBuilder::micro_batch() {
+void StepBuilder::rank_setup() {
+    // Weights of this rank: its stage's layers, tp/ep slices, dp shards when the
+    // parameters are sharded (ZeRO-3 / FSDP), nothing when offloaded.
+    em_.phase = Phase::Setup;
+    const Layout& lay = job_.layout;
+    const bool offload_params = lay.cfg.offload_params != Offload::None;
+    const bool offload_opt = lay.cfg.offload_optimizer != Offload::None;
+    block_gather_.assign(plans_.size(), Bytes(0));
+    block_grad_.assign(plans_.size(), Bytes(0));
+    for (const auto& [pi, n] : units_) {
+        const Block& b = *plans_[pi].blk;
+        std::int64_t block_elems = 0;
+        for (const auto& prm : b.params) {
+            const std::int64_t e = rank_elements(prm, &lay);
+            const std::int64_t copies = prm.component == Component::Experts ? (prm.count + lay.cfg.ep - 1) / lay.cfg.ep : prm.count;
+            const std::int64_t shard = prm.component == Component::Experts ? lay.expert_shard : lay.shard;
+            block_elems = checked_add(block_elems, checked_mul(e, copies));
+            const std::int64_t stored = gather_ ? (e + shard - 1) / shard : e;
+            Param one = prm;
+            one.count = 1;
+            const Bytes w = job_.quant != Quant::None ? quantized_bytes(job_.quant, one, job_.wdt).ceil_div(prm.numel() / prm.count / std::max<std::int64_t>(1, stored))
+                                                       : dtype_bytes(job_.wdt, stored);
+            const std::int32_t label = em_.label(b.name + "." + prm.name + " (weight)");
+            for (std::int64_t k = 0; k < checked_mul(copies, n); ++k) {
+                if (!offload_params) em_.alloc(w, label);
+                rank_params_.push_back({e, shard});
+                if (job_.master > Bytes(0) && !offload_opt)
+                    em_.alloc(dtype_bytes(DType::F32, shard_opt_ ? (e + shard - 1) / shard : e), em_.label("fp32 master weights"));
+            }
+        }
+        block_gather_[pi] = dtype_bytes(job_.half, block_elems);
+        block_grad_[pi] = dtype_bytes(job_.tdt, block_elems);
+    }
+    em_.mark();
+}
+
+std::vector<Instance> StepBuilder::forward_mb() {
     em_.phase = Phase::Forward;
     prev_batch_refs_ = std::move(batch_refs_);
     batch_refs_.clear();
@@ -613,21 +707,27 @@ void StepBuilder::micro_batch() {
     std::vector<Instance> stack;
     std::int64_t x = 0;
     bool rg = false;
-    for (const auto& p : plans_)
-        for (std::int64_t r = 0; r < p.blk->repeat; ++r) {
+    if (!first_stage_ && g_.transformer) {
+        // Activations received from the previous stage.
+        const Bytes in = Bytes(static_cast<std::int64_t>(static_cast<double>(dtype_bytes(job_.actx.stream, checked_mul(checked_mul(job_.req.batch, plans_.front().seq), g_.transformer->hidden)).count()) *
+                                                         (job_.layout.cfg.sp ? 1.0 / static_cast<double>(job_.layout.cfg.tp) : 1.0)));
+        x = em_.alloc(in, em_.label("pipeline receive buffer"));
+        rg = true;
+    }
+    for (const auto& [pi, n] : units_) {
+        const BlockPlan& p = plans_[pi];
+        for (std::int64_t r = 0; r < n; ++r) {
             if (p.blk->name == "head") em_.phase = Phase::Loss;
             Instance in = forward(p, x, rg, true, !p.checkpointed);
             const auto out_st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(p.blk->output)]);
-            if (p.checkpointed) {
-                in.checkpoint = x;  // keep our reference on the layer input
-            } else {
-                em_.unref(x);
-            }
+            if (p.checkpointed) in.checkpoint = x;  // keep our reference on the layer input
+            else em_.unref(x);
             x = in.gid[out_st];
             rg = in.rg[static_cast<std::size_t>(p.blk->output)] != 0;
             stack.push_back(std::move(in));
         }
-    em_.unref(x);  // the loss scalar / model output handed back
+    }
+    em_.unref(x);  // the loss scalar / the output sent to the next stage (deallocated after the send)
     for (auto id : dropped_casts_) em_.unref(id);
     dropped_casts_.clear();
     for (auto id : forward_refs_) em_.unref(id);
@@ -637,10 +737,31 @@ void StepBuilder::micro_batch() {
     prev_result_refs_.clear();
     em_.mark();
     out_.steps.back().after_forward = em_.live();
+    return stack;
+}
 
+void StepBuilder::backward_mb(std::vector<Instance>& stack) {
     em_.phase = Phase::Backward;
     grad_key_ = 0;
     std::int64_t g = 0;
+    if (!last_stage_ && !stack.empty()) {
+        // The gradient of this stage's output, received from the next stage.
+        const Instance& top = stack.back();
+        const auto out_st = static_cast<std::size_t>(top.plan->storage[static_cast<std::size_t>(top.plan->blk->output)]);
+        g = em_.alloc(top.plan->bytes[out_st], em_.label("pipeline receive buffer (gradient)"));
+    }
+    if (bucket_ == 0 && job_.layout.dp > 1 && job_.train && !job_.lora) {
+        // Persistent communication buckets: torch DDP copies gradients into flat
+        // buckets (gradient_as_bucket_view=False); DeepSpeed ZeRO keeps one
+        // reduce bucket (contiguous_gradients) of reduce_bucket_size elements.
+        const ParallelConfig& c = job_.layout.cfg;
+        std::int64_t elems = 0;
+        for (const auto& rp : rank_params_) elems = checked_add(elems, rp.elems);
+        Bytes b;
+        if (c.zero == 0 && c.fsdp == Fsdp::None && !c.distributed_optimizer) b = dtype_bytes(job_.tdt, elems);
+        else if (c.zero >= 1) b = dtype_bytes(job_.half, std::min(c.zero_bucket_elements, elems));
+        bucket_ = em_.alloc(b, em_.label("gradient buckets"));
+    }
     for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
         Instance& in = *it;
         if (in.plan->checkpointed) {
@@ -657,7 +778,7 @@ void StepBuilder::micro_batch() {
             g = backward(in, g);
         }
     }
-    em_.unref(g);
+    em_.unref(g);  // the input gradient (sent to the previous stage)
     em_.mark();
     out_.steps.back().after_backward = em_.live();
 }
@@ -670,16 +791,25 @@ void StepBuilder::optimizer_step(int step) {
     const std::int32_t slabel = em_.label(std::string("optimizer state (") + to_string(o) + ")");
     const std::int32_t tlabel = em_.label(std::string("optimizer temporary (") + to_string(impl) + ")");
     std::vector<std::int64_t> per;
-    for (const auto& t : job_.trainable) {
-        std::int64_t e = 1;
-        for (auto d : t.shape) e = checked_mul(e, d);
-        for (std::int64_t k = 0; k < t.count; ++k) per.push_back(e);
+    if (dist_ && !job_.lora) {
+        // This rank's slice of every tensor (its dp shard when states are sharded);
+        // offloaded states live and update on the CPU.
+        if (job_.layout.cfg.offload_optimizer == Offload::None)
+            for (const auto& rp : rank_params_) per.push_back(shard_opt_ ? (rp.elems + rp.shard - 1) / rp.shard : rp.elems);
+        if (step == 0)
+            for (auto e : per) states_.push_back(em_.alloc(optimizer_bytes(o, TrainTensor{{e}, 1}, sd), slabel));
+    } else {
+        for (const auto& t : job_.trainable) {
+            std::int64_t e = 1;
+            for (auto d : t.shape) e = checked_mul(e, d);
+            for (std::int64_t k = 0; k < t.count; ++k) per.push_back(e);
+        }
+        // States are created lazily on the first step (torch.optim _init_group).
+        if (step == 0)
+            for (std::size_t ti = 0; ti < job_.trainable.size(); ++ti)
+                for (std::int64_t k = 0; k < job_.trainable[ti].count; ++k)
+                    states_.push_back(em_.alloc(optimizer_bytes(o, TrainTensor{job_.trainable[ti].shape, 1}, sd), slabel));
     }
-    // States are created lazily on the first step (torch.optim _init_group).
-    if (step == 0)
-        for (std::size_t i = 0, ti = 0; ti < job_.trainable.size(); ++ti)
-            for (std::int64_t k = 0; k < job_.trainable[ti].count; ++k, ++i)
-                states_.push_back(em_.alloc(optimizer_bytes(o, TrainTensor{job_.trainable[ti].shape, 1}, sd), slabel));
     // fp16 with fp32 master weights: gradients are copied to fp32 for the update.
     std::vector<std::int64_t> master_grads;
     if (job_.master > Bytes(0))
@@ -792,14 +922,51 @@ void StepBuilder::run() {
         inference();
         return;
     }
-    for (const auto& b : g_.blocks) plans_.push_back(plan_block(b, job_, job_.seq, false, em_));
-    setup();
+    const ParallelResult* par = opt_.parallel;
+    dist_ = par != nullptr;
+    const Layout& lay = job_.layout;
+    const std::int64_t seq = dist_ ? std::max<std::int64_t>(1, job_.seq / lay.cfg.cp) : job_.seq;
+    plans_.reserve(g_.blocks.size());
+    for (std::size_t i = 0; i < g_.blocks.size(); ++i)
+        plans_.push_back(plan_block(g_.blocks[i], job_, seq, false, em_, dist_ ? par->activation_scale[i] : 1.0, dist_ ? &lay : nullptr));
+    std::int64_t pp = 1;
+    if (dist_) {
+        pp = lay.cfg.pp;
+        gather_ = lay.cfg.zero == 3 || lay.cfg.fsdp != Fsdp::None;
+        shard_grads_ = lay.dp > 1 && (lay.cfg.zero >= 2 || lay.cfg.fsdp != Fsdp::None);
+        shard_opt_ = lay.cfg.zero >= 1 || lay.cfg.fsdp != Fsdp::None || lay.cfg.distributed_optimizer;
+        first_stage_ = opt_.stage == 0;
+        last_stage_ = opt_.stage == pp - 1;
+        for (std::size_t i = 0; i < g_.blocks.size(); ++i) {
+            std::int64_t n = 0;
+            for (auto s : par->instance_stage[i]) n += s == opt_.stage ? 1 : 0;
+            if (n > 0) units_.emplace_back(i, n);
+        }
+        rank_setup();
+    } else {
+        for (std::size_t i = 0; i < g_.blocks.size(); ++i) units_.emplace_back(i, g_.blocks[i].repeat);
+        setup();
+    }
     const Bytes after_setup = em_.live();
+    const std::int64_t m = job_.req.grad_accum;
+    // 1F1B: stage s runs min(pp - s - 1, m) warm-up forwards, then alternates one
+    // forward and one backward, then drains the remaining backwards.
+    const std::int64_t warm = pp > 1 ? std::min(pp - opt_.stage - 1, m) : 0;
     for (int s = 0; s < opt_.steps; ++s) {
         em_.step = s;
         out_.steps.push_back({});
         out_.steps.back().after_setup = after_setup;
-        for (std::int64_t m = 0; m < job_.req.grad_accum; ++m) micro_batch();
+        std::deque<std::vector<Instance>> inflight;
+        for (std::int64_t i = 0; i < warm; ++i) inflight.push_back(forward_mb());
+        for (std::int64_t i = warm; i < m; ++i) {
+            inflight.push_back(forward_mb());
+            backward_mb(inflight.front());
+            inflight.pop_front();
+        }
+        while (!inflight.empty()) {
+            backward_mb(inflight.front());
+            inflight.pop_front();
+        }
         optimizer_step(s);
     }
 }

@@ -115,6 +115,11 @@ struct ParallelResult {
     Bytes cpu_per_node;            // offloaded states and pinned buffers
     Bytes nvme_per_node;
     CommVolume comm;
+    // For the step simulation of one rank: the stage of every block instance
+    // (per block, per repeat) and the factor a block's activations scale by
+    // under tp/sp/cp (relative to one GPU at seq/cp).
+    std::vector<std::vector<std::int32_t>> instance_stage;
+    std::vector<double> activation_scale;
     std::vector<std::string> notes;
 };
 

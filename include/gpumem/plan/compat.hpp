@@ -155,6 +155,7 @@ struct MegatronArgs {
 };
 
 struct MegatronMemoryReport {
+    MegatronArgs args;  // the arguments the report was computed from
     // Exactly Megatron's floats, in bytes.
     double weight_and_optimizer_bytes = 0;
     double activation_bytes = 0;

@@ -36,6 +36,7 @@
 
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/job.hpp"
+#include "gpumem/memory/parallel.hpp"
 #include "gpumem/model/graph.hpp"
 #include "gpumem/sim/trace.hpp"
 
@@ -46,6 +47,10 @@ struct StepTraceOptions {
     bool cublas_workspaces = true;  // allocate workspaces through the allocator
     Bytes cublas_workspace;         // size of one workspace (from the GPU)
     int max_decode_steps = 64;      // inference: decode steps simulated in full
+    // Distributed layouts: simulate one GPU of pipeline stage `stage` (the
+    // analytic model's stage assignment and activation scaling).
+    const ParallelResult* parallel = nullptr;
+    std::int64_t stage = 0;
 };
 
 // Live requested bytes at the end of each phase of a training step (what
