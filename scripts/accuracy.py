@@ -16,6 +16,31 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1024 * 1024
+GIB = 1024 * MIB
+# Multi-GPU measurements (tests/fixtures/groundtruth/distributed_measured.json)
+# that gpumem can express: flags and the per_gpu field compared.
+DISTRIBUTED = {
+    "torchtune-llama3.1-70b-lora-8xa100": (
+        ["llama-3-70b", "--mode", "lora", "--lora-rank", "16", "--lora-targets", "q_proj,k_proj,v_proj", "--gpus", "8",
+         "--fsdp", "full", "--batch", "2", "--seq", "2048", "--recompute", "full", "--precision", "bf16", "--gpu", "A100-80GB"],
+        "peak_reserved"),
+    "peft-llama2-70b-lora-zero3-8xh100": (
+        ["llama-2-70b", "--mode", "lora", "--lora-rank", "8", "--lora-targets", "all-linear", "--zero", "3", "--gpus", "8",
+         "--batch", "8", "--seq", "2048", "--grad-accum", "4", "--recompute", "full", "--precision", "amp-bf16", "--gpu", "H100"],
+        "total_device"),
+}
+# Measurements whose settings gpumem can only bracket: (flags, field, option name, low value, high value).
+BRACKETED = {
+    "torchtitan-llama3.1-8b-fsdp-8xh100": (
+        ["llama-3-8b", "--gpus", "8", "--fsdp", "full", "--batch", "2", "--seq", "8192", "--precision", "bf16",
+         "--gpu", "H100", "--gpu-memory", "96GiB"], "peak_reserved", "--recompute", "full", "selective",
+        "torchtitan's op-level selective checkpointing (keeps every other matmul output) lies between gpumem's full and "
+        "selective recompute"),
+    "torchtitan-llama3.1-8b-fsdp-128xh100": (
+        ["llama-3-8b", "--gpus", "128", "--nodes", "16", "--fsdp", "full", "--batch", "2", "--seq", "8192", "--precision",
+         "bf16", "--gpu", "H100", "--gpu-memory", "96GiB"], "peak_reserved", "--recompute", "full", "selective",
+        "as above"),
+}
 # load_in_8bit -> LLM.int8; load_in_4bit's defaults are fp4 without double
 # quantization and fp32 compute, which gpumem approximates with nf4 (double
 # quantization, 16-bit compute).
@@ -83,6 +108,27 @@ def rows(gpumem):
             est = run(gpumem, [os.path.join(ROOT, args[0])] + args[1:])
             out.append(("seed-000-toy-mlp-peak", "max_memory_allocated MiB", s["values"]["peak"],
                         est["per_gpu"]["peak_allocated"] / MIB, "gpumem estimate " + " ".join(args)))
+    dist = json.load(open(os.path.join(ROOT, "tests/fixtures/groundtruth/distributed_measured.json")))
+    for m in dist["measured"]:
+        if m["id"] not in DISTRIBUTED:
+            continue
+        args, field = DISTRIBUTED[m["id"]]
+        est = run(gpumem, args)
+        unit = GIB if m["unit"] == "GiB" else 1e9
+        out.append((m["id"], f"{m['metric'].split(' ')[0]} {m['unit']} (gpumem {field})", m["value"],
+                    est["per_gpu"][field] / unit, "gpumem estimate " + " ".join(args)))
+    for m in dist["measured"]:
+        if m["id"] not in BRACKETED:
+            continue
+        args, field, opt, lo, hi, why = BRACKETED[m["id"]]
+        unit = GIB if m["unit"] == "GiB" else 1e9
+        a = run(gpumem, args + [opt, lo])["per_gpu"][field] / unit
+        b = run(gpumem, args + [opt, hi])["per_gpu"][field] / unit
+        out.append((m["id"], m["metric"].split(" ")[0] + " " + m["unit"], m["value"], None,
+                    f"bracketed: {opt} {lo} gives {a:.1f}, {opt} {hi} gives {b:.1f}; {why}; `gpumem estimate {' '.join(args)} {opt} ...`"))
+    rest = len(dist["measured"]) - len(DISTRIBUTED) - len(BRACKETED)
+    out.append(("(other multi-GPU entries)", "", float(rest), None,
+                "capacity boundaries or settings too incomplete to reproduce: see tests/fixtures/groundtruth/DISTRIBUTED.md"))
     return out
 
 
