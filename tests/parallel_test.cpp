@@ -179,3 +179,16 @@ TEST(Parallel, MegatronDistributedOptimizer) {
     EXPECT_EQ(r.per_gpu.gradients.count(), 4 * 7'000'000'000LL);
     EXPECT_EQ(r.per_gpu.optimizer_states.count(), 12 * 7'000'000'000LL / 8);
 }
+
+// `gpumem compat deepspeed` prints DeepSpeed's rows; the T0_3B printout in
+// measured.json (per GPU 46.91 GB without offload, 0.25 GB with both offloads).
+TEST(Parallel, CompatDeepSpeedCli) {
+    const auto r = test::run_cli("compat deepspeed --stage 3 --params 2783959040 --largest-layer-params 65798144 --gpus-per-node 1 --nodes 1 --format json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["rows"].size(), 6u);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    EXPECT_NEAR(static_cast<double>(j["rows"][0]["gpu_bytes"].get<std::int64_t>()) / gib, 0.25, 0.005);
+    EXPECT_NEAR(static_cast<double>(j["rows"][5]["gpu_bytes"].get<std::int64_t>()) / gib, 46.91, 0.005);
+    EXPECT_EQ(test::run_cli("compat deepspeed --stage 4 --params 7B").exit_code, 2);
+}

@@ -9,7 +9,9 @@
 
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/model/load.hpp"
+#include "gpumem/plan/compat.hpp"
 #include "gpumem/plan/doctor.hpp"
+#include "gpumem/report/compat_render.hpp"
 #include "gpumem/report/doctor_render.hpp"
 #include "gpumem/report/render.hpp"
 #include "gpumem/report/snapshot_render.hpp"
@@ -215,6 +217,24 @@ int main(int argc, char** argv) {
     snapshot->add_flag("--no-replay", no_replay, "summarize only");
     snapshot->add_option("--format", format, format_help)->capture_default_str();
 
+    auto* compat = app.add_subcommand("compat", "reproduce the memory reports of DeepSpeed and Megatron-LM");
+    compat->require_subcommand(1);
+    DeepSpeedOptions ds;
+    std::string ds_model, ds_params, ds_largest;
+    auto* cds = compat->add_subcommand("deepspeed", "DeepSpeed's estimate_zero2/zero3_model_states_mem_needs (cold from --params, live from a MODEL)");
+    cds->add_option("model", ds_model, "preset, config.json, folder or layer-list JSON (largest layer = largest module)");
+    cds->add_option("--stage", ds.stage, "ZeRO stage 2|3")->capture_default_str();
+    cds->add_option("--params", ds_params, "total parameters, e.g. 2.78B (cold estimate)");
+    cds->add_option("--largest-layer-params", ds_largest, "parameters of the largest layer (stage 3 with --params)");
+    cds->add_option("--gpus-per-node", ds.gpus_per_node, "GPUs per node")->capture_default_str();
+    cds->add_option("--nodes", ds.nodes, "nodes")->capture_default_str();
+    cds->add_option("--buffer-factor", ds.buffer_factor, "additional_buffer_factor")->capture_default_str();
+    cds->add_option("--format", format, format_help)->capture_default_str();
+    std::string megatron_config;
+    auto* cmeg = compat->add_subcommand("megatron", "Megatron-LM's theoretical memory report for a Megatron argument set (JSON)");
+    cmeg->add_option("config", megatron_config, "JSON object of Megatron arguments (num_layers, hidden_size, ...)")->required();
+    cmeg->add_option("--format", format, format_help)->capture_default_str();
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {
@@ -254,6 +274,13 @@ int main(int argc, char** argv) {
             std::optional<EstimateRequest> run;
             if (!doc_flags.model.empty() || !doc_flags.params_text.empty()) run = doc_flags.request();
             out = render_doctor(unwrap(diagnose(message, run)), fmt);
+        } else if (*cds) {
+            ds.model = ds_model;
+            ds.params = ds_params;
+            ds.largest_layer_params = ds_largest;
+            out = render_deepspeed(unwrap(deepspeed_estimate(ds)), fmt);
+        } else if (*cmeg) {
+            out = render_megatron(unwrap(megatron_report_from_file(megatron_config)), fmt);
         } else if (*snapshot) {
             sim::SnapshotOptions so;
             so.device = snapshot_device;
