@@ -34,6 +34,7 @@ struct InstanceResult {
     Bytes weight_casts;
     Bytes lora;
     Bytes largest;
+    Bytes routed;     // saved tensors of routed experts
     Bytes grad_pair;  // max over ops of |grad wrt output| + |grad wrt input|
     Bytes loss_input;
     Bytes working_set;
@@ -80,6 +81,8 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         const auto s = static_cast<std::size_t>(storage[static_cast<std::size_t>(t)]);
         if (marked[s]) return;
         marked[s] = 1;
+        const std::string& nm = blk.tensors[s].name;
+        if (nm.find("experts") != std::string::npos && nm.find("shared_experts") == std::string::npos) r.routed += bytes[s];
         if (!blk.tensors[s].shared_key.empty()) {
             r.shared.emplace_back(blk.tensors[s].shared_key, bytes[s]);
             return;
@@ -206,6 +209,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             if (prev_saves_output && first.saves_input) total -= first.input_bytes;
             if (rest.saves_input && rest.saves_output) total -= rest.input_bytes * more;
             ba.per_instance = rest.saved;
+            ba.routed_per_instance = rest.routed;
             res.saved += total;
             res.autocast_weight_casts += first.weight_casts + rest.weight_casts * more;
             res.lora_adapters += first.lora + rest.lora * more;

@@ -185,6 +185,10 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const Layout
             const Bytes q = A1 > A2 ? (A1 - A2) * 2 : Bytes(0);
             quad[i] = q * c.cp;  // local queries attend to all cp chunks of keys
             lin[i] = A1 - std::min(q, A1);
+            // Routed experts process up to capacity_factor x their average share of
+            // tokens (GShard/Switch capacity): their buffers scale with it.
+            if (c.capacity_factor != 1.0 && a1.blocks[i].routed_per_instance > Bytes(0))
+                lin[i] += Bytes(static_cast<std::int64_t>(static_cast<double>(a1.blocks[i].routed_per_instance.count()) * (c.capacity_factor - 1.0)));
         }
     }
     auto scaled = [&](std::size_t bi) {
@@ -380,7 +384,7 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const Layout
                         std::to_string(c.cp) + (c.ep > 1 ? " (ep " + std::to_string(c.ep) + ")" : "") + " on " + std::to_string(c.gpus) +
                         " GPUs, " + std::to_string(lay.gpus_per_node) + " per node");
     if (c.capacity_factor != 1.0)
-        res.notes.push_back("--capacity-factor is recorded but expert activations assume tokens spread evenly over experts");
+        res.notes.push_back("routed-expert activations scaled by the capacity factor " + std::to_string(c.capacity_factor));
     (void)w_unit;
     return res;
 }

@@ -45,6 +45,7 @@ struct BlockActivations {
     std::string block;
     std::int64_t repeat = 1;
     Bytes per_instance;          // saved bytes of one execution of the block
+    Bytes routed_per_instance;   // part of per_instance: tensors of routed experts (MoE)
     Bytes largest_tensor;        // largest tensor produced in the block (transient sizing)
     Bytes working_set;           // everything one instance produces (recompute transient)
 };
