@@ -49,7 +49,7 @@ def main():
                              "2-core CI machine). Targets: a 70B training estimate on the analytic path under 20 us "
                              "(`BM_Estimate70BTrain`); simulating one training step of a 70B, 80-layer model under 5 ms "
                              "(`BM_SimulateStep70B`: trace + allocator replay); replaying 1,000,000 allocator events "
-                             "under 1 s (`BM_Replay1M*`).\n\n" + "\n".join(rows) + "\n")
+                             "under 1 s (`BM_Replay1M*`); a 405B, 16,384-GPU layout estimate under 50 us (`BM_Estimate405B16kGpus`).\n\n" + "\n".join(rows) + "\n")
     open(path, "w").write(text)
 
 

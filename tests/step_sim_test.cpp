@@ -143,3 +143,24 @@ TEST(StepSim, InferenceKvCacheGrows) {
     // The cache of prompt + generated tokens is live at the end.
     EXPECT_GE(r.per_gpu.peak_allocated, r.per_gpu.weights + r.per_gpu.kv_cache);
 }
+
+// gpumem fit: the largest micro-batch fits and the next one does not (both
+// checked with separate estimates here).
+TEST(Fit, LargestBatchFitsAndNextDoesNot) {
+    const auto r = test::run_cli("fit llama-3.2-1b --gpu A100-40GB --seq 1024 --format json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    const std::int64_t b = j["batch"]["largest"].get<std::int64_t>();
+    ASSERT_GT(b, 0);
+    EstimateRequest req;
+    req.model = "llama-3.2-1b";
+    req.gpu = "A100-40GB";
+    req.seq = 1024;
+    req.batch = b;
+    EXPECT_TRUE(simulate_estimate(req).value().per_gpu.fits);
+    req.batch = b + 1;
+    EXPECT_FALSE(simulate_estimate(req).value().per_gpu.fits);
+    EXPECT_NE(j["batch"]["limit"].get<std::string>().find("growing most"), std::string::npos);
+    const auto none = test::run_cli("fit llama-3-70b --gpu L4 --format json");
+    EXPECT_EQ(nlohmann::json::parse(none.out)["batch"]["largest"].get<std::int64_t>(), 0);
+}

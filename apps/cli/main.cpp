@@ -11,6 +11,8 @@
 #include "gpumem/model/load.hpp"
 #include "gpumem/plan/compat.hpp"
 #include "gpumem/plan/doctor.hpp"
+#include "gpumem/plan/fit.hpp"
+#include "gpumem/report/fit_render.hpp"
 #include "gpumem/report/compat_render.hpp"
 #include "gpumem/report/doctor_render.hpp"
 #include "gpumem/report/render.hpp"
@@ -200,6 +202,11 @@ int main(int argc, char** argv) {
     est->add_option("--timeline", timeline, "write the simulated memory timeline to FILE (.csv, .json or .svg)");
     est->add_option("--format", format, format_help)->capture_default_str();
 
+    JobFlags fit_flags;
+    auto* fitc = app.add_subcommand("fit", "the largest micro-batch and the longest sequence that fit the GPU");
+    fit_flags.add(fitc, true);
+    fitc->add_option("--format", format, format_help)->capture_default_str();
+
     JobFlags doc_flags;
     std::string message;
     auto* doctor = app.add_subcommand("doctor", "explain a CUDA out-of-memory message and rank the remedies");
@@ -264,6 +271,11 @@ int main(int argc, char** argv) {
             for (const auto& w : r.warnings) std::fprintf(stderr, "gpumem: warning: %s\n", w.c_str());
             if (!timeline.empty()) write_timeline(r, timeline);
             out = render_estimate(r, fmt);
+        } else if (*fitc) {
+            FitRequest fr;
+            fr.base = fit_flags.request();
+            fr.simulate = !fit_flags.analytic;
+            out = render_fit(unwrap(fit(fr)), fmt);
         } else if (*doctor) {
             if (message == "-") {
                 message.clear();
