@@ -164,3 +164,27 @@ TEST(Fit, LargestBatchFitsAndNextDoesNot) {
     const auto none = test::run_cli("fit llama-3-70b --gpu L4 --format json");
     EXPECT_EQ(nlohmann::json::parse(none.out)["batch"]["largest"].get<std::int64_t>(), 0);
 }
+
+// gpumem advise: every ranked technique's memory equals a separate estimate of
+// the same settings, and the combination it proposes fits when estimated.
+TEST(Advise, TechniquesMatchSeparateEstimates) {
+    const auto r = test::run_cli("advise llama-3.2-1b --gpu A100-40GB --batch 16 --seq 2048 --format json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_FALSE(j["baseline"]["fits"].get<bool>());
+    bool saw_full = false;
+    for (const auto& t : j["techniques"]) {
+        if (t["key"] != "recompute_full") continue;
+        saw_full = true;
+        EstimateRequest req;
+        req.model = "llama-3.2-1b";
+        req.gpu = "A100-40GB";
+        req.batch = 16;
+        req.seq = 2048;
+        req.recompute = Recompute::Full;
+        EXPECT_EQ(t["total_device"].get<std::int64_t>(), simulate_estimate(req).value().per_gpu.total_device.count());
+    }
+    EXPECT_TRUE(saw_full);
+    EXPECT_TRUE(j["combination"]["fits"].get<bool>());
+    EXPECT_LE(j["combination"]["total_device"].get<std::int64_t>(), j["capacity"].get<std::int64_t>());
+}

@@ -11,7 +11,9 @@
 #include "gpumem/model/load.hpp"
 #include "gpumem/plan/compat.hpp"
 #include "gpumem/plan/doctor.hpp"
+#include "gpumem/plan/advisor.hpp"
 #include "gpumem/plan/fit.hpp"
+#include "gpumem/report/advice_render.hpp"
 #include "gpumem/report/fit_render.hpp"
 #include "gpumem/report/compat_render.hpp"
 #include "gpumem/report/doctor_render.hpp"
@@ -197,15 +199,30 @@ int main(int argc, char** argv) {
 
     JobFlags est_flags;
     std::string timeline;
+    ComputeOptions copt;
+    std::optional<double> mfu, achieved, tokens, price, nvlink, ib;
+    bool tf32 = false;
     auto* est = app.add_subcommand("estimate", "per-GPU memory of a training or inference job, part by part");
     est_flags.add(est, true);
     est->add_option("--timeline", timeline, "write the simulated memory timeline to FILE (.csv, .json or .svg)");
+    est->add_option("--mfu", mfu, "model FLOPs utilisation (default per GPU and precision, docs/compute.md)");
+    est->add_option("--achieved-tflops", achieved, "achieved TFLOP/s per GPU (overrides peak x MFU)");
+    est->add_option("--tokens", tokens, "training token budget: total time, GPU-hours (and cost)");
+    est->add_option("--price-per-gpu-hour", price, "price of one GPU-hour");
+    est->add_option("--nvlink-gbs", nvlink, "intra-node bandwidth per GPU, GB/s");
+    est->add_option("--ib-gbs", ib, "inter-node bandwidth per GPU, GB/s");
+    est->add_flag("--tf32", tf32, "fp32 matmuls on TF32 tensor cores");
     est->add_option("--format", format, format_help)->capture_default_str();
 
     JobFlags fit_flags;
     auto* fitc = app.add_subcommand("fit", "the largest micro-batch and the longest sequence that fit the GPU");
     fit_flags.add(fitc, true);
     fitc->add_option("--format", format, format_help)->capture_default_str();
+
+    JobFlags adv_flags;
+    auto* advc = app.add_subcommand("advise", "each memory-saving technique's saving and time cost for this job, and the cheapest combination that fits");
+    adv_flags.add(advc, true);
+    advc->add_option("--format", format, format_help)->capture_default_str();
 
     JobFlags doc_flags;
     std::string message;
@@ -267,15 +284,28 @@ int main(int argc, char** argv) {
             const ModelGraph g = !params_text.empty() ? params_only_graph(unwrap(parse_param_count(params_text))) : unwrap(load_model(model));
             out = render_params(g, summarize_params(g), fmt);
         } else if (*est) {
-            const EstimateResult r = unwrap(simulate_estimate(est_flags.request()));
+            copt.mfu = mfu;
+            copt.achieved_tflops = achieved;
+            copt.tokens = tokens;
+            copt.price_per_gpu_hour = price;
+            copt.nvlink_gbs = nvlink;
+            copt.ib_gbs = ib;
+            copt.tf32 = tf32;
+            const FullEstimate fe = unwrap(estimate_with_time(est_flags.request(), copt));
+            const EstimateResult& r = fe.memory;
             for (const auto& w : r.warnings) std::fprintf(stderr, "gpumem: warning: %s\n", w.c_str());
             if (!timeline.empty()) write_timeline(r, timeline);
-            out = render_estimate(r, fmt);
+            out = render_estimate(r, fmt, &fe.time);
         } else if (*fitc) {
             FitRequest fr;
             fr.base = fit_flags.request();
             fr.simulate = !fit_flags.analytic;
             out = render_fit(unwrap(fit(fr)), fmt);
+        } else if (*advc) {
+            AdviceRequest ar;
+            ar.base = adv_flags.request();
+            ar.simulate = !adv_flags.analytic;
+            out = render_advice(unwrap(advise(ar)), fmt);
         } else if (*doctor) {
             if (message == "-") {
                 message.clear();

@@ -119,7 +119,7 @@ nlohmann::json params_to_json(const ModelGraph& g, const ParamSummary& s) {
     return j;
 }
 
-nlohmann::json estimate_to_json(const EstimateResult& r) {
+nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* time) {
     nlohmann::json j;
     j["model"] = {{"name", r.model_name}, {"family", r.family}, {"source", r.model_source}};
     j["params"]["total"] = r.params.total;
@@ -200,12 +200,30 @@ nlohmann::json estimate_to_json(const EstimateResult& r) {
         j["simulation"] = sj;
     }
     j["assumptions"] = r.assumptions;
+    if (time) {
+        const ComputeResult& t = *time;
+        j["flops"] = {{"per_step", t.flops_per_step}, {"per_token", t.flops_per_token}, {"model_per_step", t.model_flops_per_step}};
+        nlohmann::json tj = {{"step_seconds", t.step_seconds},       {"compute_seconds", t.compute_seconds},
+                             {"comm_seconds", t.comm_seconds},       {"tokens_per_step", t.tokens_per_step},
+                             {"tokens_per_second", t.tokens_per_second}, {"peak_tflops", t.peak_tflops},
+                             {"mfu", t.mfu},                         {"mfu_source", t.mfu_source}};
+        if (t.total_seconds) tj["total_seconds"] = *t.total_seconds;
+        if (t.gpu_hours) tj["gpu_hours"] = *t.gpu_hours;
+        if (t.cost) tj["cost"] = *t.cost;
+        if (r.request.mode == Mode::Infer) {
+            tj["prefill_seconds"] = t.prefill_seconds;
+            tj["decode_tokens_per_second"] = t.decode_tokens_per_second;
+            tj["decode_seconds_per_token"] = t.decode_seconds_per_token;
+        }
+        j["time"] = tj;
+        for (const auto& a : t.assumptions) j["assumptions"].push_back(a);
+    }
     j["warnings"] = r.warnings;
     return j;
 }
 
-std::string render_estimate(const EstimateResult& r, Format f) {
-    if (f == Format::Json) return estimate_to_json(r).dump(2) + "\n";
+std::string render_estimate(const EstimateResult& r, Format f, const ComputeResult* time) {
+    if (f == Format::Json) return estimate_to_json(r, time).dump(2) + "\n";
     Table t;
     t.header = {"part", "bytes", "size", "detail"};
     t.right_align = {false, true, true, false};
@@ -269,7 +287,22 @@ std::string render_estimate(const EstimateResult& r, Format f) {
         out += "fragmentation at the peak: " + format_bytes(s.fragmentation_at_peak) + " reserved but unallocated, largest free block " +
                format_bytes(s.largest_free_block_at_peak) + "\n";
     }
+    if (time) {
+        const ComputeResult& ct = *time;
+        if (r.request.mode == Mode::Infer)
+            out += fmt::format("\ntime: prefill {:.3f} s, decode {:.1f} tokens/s per sequence ({:.2f} ms per token)\n", ct.prefill_seconds,
+                               ct.decode_tokens_per_second, 1e3 * ct.decode_seconds_per_token);
+        else {
+            out += fmt::format("\ntime: {:.3g} FLOPs per step, {:.3f} s per step ({:.0f} TFLOP/s peak x MFU {:.2f}, {}), {:.0f} tokens/s", ct.flops_per_step,
+                               ct.step_seconds, ct.peak_tflops, ct.mfu, ct.mfu_source, ct.tokens_per_second);
+            if (ct.total_seconds) out += fmt::format("; {:.2f} days, {:.0f} GPU-hours", *ct.total_seconds / 86400.0, ct.gpu_hours.value_or(0));
+            if (ct.cost) out += fmt::format(", cost {:.0f}", *ct.cost);
+            out += "\n";
+        }
+    }
     out += "\nassumptions:\n";
+    if (time)
+        for (const auto& a : time->assumptions) out += "  - " + a + "\n";
     for (const auto& a : r.assumptions) out += "  - " + a + "\n";
     for (const auto& w : r.warnings) out += "warning: " + w + "\n";
     return out;

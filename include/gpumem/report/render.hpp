@@ -17,19 +17,20 @@
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/model/graph.hpp"
 #include "gpumem/model/load.hpp"
+#include "gpumem/plan/compute.hpp"
 
 namespace gpumem {
 
 enum class Format { Text, Json, Csv, Markdown };
 Result<Format> parse_format(std::string_view s);
 
-nlohmann::json estimate_to_json(const EstimateResult& r);
+nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* time = nullptr);
 nlohmann::json params_to_json(const ModelGraph& g, const ParamSummary& s);
 nlohmann::json models_to_json(const std::vector<PresetInfo>& p);
 nlohmann::json gpus_to_json(const std::vector<GpuSpec>& g);
 nlohmann::json error_to_json(const Error& e);
 
-std::string render_estimate(const EstimateResult& r, Format f);
+std::string render_estimate(const EstimateResult& r, Format f, const ComputeResult* time = nullptr);
 std::string render_params(const ModelGraph& g, const ParamSummary& s, Format f);
 std::string render_models(const std::vector<PresetInfo>& p, Format f);
 std::string render_gpus(const std::vector<GpuSpec>& g, Format f);
