@@ -8,6 +8,7 @@
 
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/job.hpp"
+#include "gpumem/plan/planner.hpp"
 #include "gpumem/sim/step.hpp"
 #include "gpumem/sim/trace.hpp"
 #include "gpumem/model/load.hpp"
@@ -103,5 +104,27 @@ static void BM_Estimate405B16kGpus(benchmark::State& state) {
     }
 }
 BENCHMARK(BM_Estimate405B16kGpus)->Unit(benchmark::kMicrosecond);
+
+// Issue 5: the planner scores at least 1,000,000 candidate layouts per second
+// per core on the analytic path (one thread here; setup included, so this is a
+// lower bound on the scoring rate).
+static void BM_PlanSearch(benchmark::State& state) {
+    PlanRequest pr;
+    pr.base.model = "llama-3-70b";
+    pr.base.seq = 4096;
+    pr.base.parallel.gpus = 4096;
+    pr.base.parallel.nodes = 512;
+    pr.global_batch = 8192;
+    pr.confirm = 0;
+    pr.threads = 1;
+    std::int64_t evaluated = 0;
+    for (auto _ : state) {
+        auto r = plan(pr);
+        evaluated += r.value().evaluated;
+        benchmark::DoNotOptimize(r);
+    }
+    state.SetItemsProcessed(evaluated);
+}
+BENCHMARK(BM_PlanSearch)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -13,6 +13,10 @@
 #include "gpumem/plan/doctor.hpp"
 #include "gpumem/plan/advisor.hpp"
 #include "gpumem/plan/fit.hpp"
+#include "gpumem/plan/planner.hpp"
+#include "gpumem/plan/sweep.hpp"
+#include "gpumem/report/plan_render.hpp"
+#include "gpumem/report/sweep_render.hpp"
 #include "gpumem/report/advice_render.hpp"
 #include "gpumem/report/fit_render.hpp"
 #include "gpumem/report/compat_render.hpp"
@@ -224,6 +228,31 @@ int main(int argc, char** argv) {
     adv_flags.add(advc, true);
     advc->add_option("--format", format, format_help)->capture_default_str();
 
+    JobFlags plan_flags;
+    std::int64_t global_batch = 0, plan_top = 10;
+    std::string headroom = "5%", plan_tp, plan_pp, plan_zero, plan_recompute;
+    bool no_offload = false;
+    auto* planc = app.add_subcommand("plan", "search every layout for the fastest one that fits");
+    plan_flags.add(planc, true);
+    planc->add_option("--global-batch", global_batch, "sequences per optimizer step (default 4 per GPU)");
+    planc->add_option("--headroom", headroom, "GPU memory kept free, e.g. 5%")->capture_default_str();
+    planc->add_option("--top", plan_top, "configurations to print")->capture_default_str();
+    planc->add_option("--only-tp", plan_tp, "restrict tp, e.g. 1,2,4");
+    planc->add_option("--only-pp", plan_pp, "restrict pp");
+    planc->add_option("--only-zero", plan_zero, "restrict ZeRO stages, e.g. 1,3");
+    planc->add_option("--only-recompute", plan_recompute, "restrict recompute, e.g. none,full");
+    planc->add_flag("--no-offload", no_offload, "do not consider optimizer offload");
+    planc->add_option("--format", format, format_help)->capture_default_str();
+
+    JobFlags sweep_flags;
+    std::string sweep_batch = "1", sweep_seq, sweep_plot;
+    auto* sweepc = app.add_subcommand("sweep", "memory (and time) over lists of micro-batch sizes and sequence lengths");
+    sweep_flags.add(sweepc, true);
+    sweepc->add_option("--batches,--batch-list", sweep_batch, "comma-separated micro-batch sizes")->capture_default_str();
+    sweepc->add_option("--seqs,--seq-list", sweep_seq, "comma-separated sequence lengths");
+    sweepc->add_option("--plot", sweep_plot, "write an SVG plot");
+    sweepc->add_option("--format", format, format_help)->capture_default_str();
+
     JobFlags doc_flags;
     std::string message;
     auto* doctor = app.add_subcommand("doctor", "explain a CUDA out-of-memory message and rank the remedies");
@@ -301,6 +330,40 @@ int main(int argc, char** argv) {
             fr.base = fit_flags.request();
             fr.simulate = !fit_flags.analytic;
             out = render_fit(unwrap(fit(fr)), fmt);
+        } else if (*planc) {
+            PlanRequest pr;
+            pr.base = plan_flags.request();
+            pr.global_batch = global_batch;
+            pr.top = plan_top;
+            pr.confirm = plan_top;
+            std::string h = headroom;
+            if (!h.empty() && h.back() == '%') h.pop_back();
+            try {
+                pr.headroom = std::stod(h) / (headroom.back() == '%' ? 100.0 : 1.0);
+            } catch (...) {
+                input_error("headroom", "--headroom: \"" + headroom + "\" is not a percentage such as 5%");
+            }
+            auto ints = [](const std::string& s, const char* flag) {
+                std::vector<std::int64_t> v;
+                if (!s.empty()) v = unwrap(parse_int_list(s, flag));
+                return v;
+            };
+            pr.tp = ints(plan_tp, "--only-tp");
+            pr.pp = ints(plan_pp, "--only-pp");
+            for (auto z : ints(plan_zero, "--only-zero")) pr.zero.push_back(static_cast<int>(z));
+            for (const auto& rc : split_commas(plan_recompute)) pr.recompute.push_back(unwrap(parse_recompute(rc)));
+            pr.allow_offload = !no_offload;
+            out = render_plan(unwrap(plan(pr)), fmt);
+        } else if (*sweepc) {
+            SweepRequest sr;
+            sr.base = sweep_flags.request();
+            sr.batches = unwrap(parse_int_list(sweep_batch, "--batches"));
+            if (!sweep_seq.empty()) sr.seqs = unwrap(parse_int_list(sweep_seq, "--seqs"));
+            else if (sr.base.seq) sr.seqs = {*sr.base.seq};
+            sr.simulate = !sweep_flags.analytic;
+            const SweepResult res = unwrap(sweep(sr));
+            if (!sweep_plot.empty()) write_file(sweep_plot, render_sweep_svg(res, res.model_name + " on " + res.gpu, res.capacity), "--plot");
+            out = render_sweep(res, fmt);
         } else if (*advc) {
             AdviceRequest ar;
             ar.base = adv_flags.request();
