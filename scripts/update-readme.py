@@ -40,16 +40,17 @@ def main():
     if not a.no_bench:
         bench = subprocess.run([os.path.join(a.build, "bench/gpumem_bench"), "--benchmark_repetitions=3",
                                 "--benchmark_report_aggregates_only=true"], capture_output=True, text=True, check=True).stdout
-        rows = ["| benchmark | median time |", "|---|---:|"]
+        rows = ["| benchmark | median time | counters |", "|---|---:|---|"]
         for line in bench.splitlines():
-            m = re.match(r"(BM_\w+)_median\s+([\d.]+ \w+)", line)
+            m = re.match(r"(BM_\w+)_median\s+([\d.]+ \w+)\s+[\d.]+ \w+\s+\d+(.*)", line)
             if m:
-                rows.append(f"| {m.group(1)} | {m.group(2)} |")
+                extra = m.group(3).strip()
+                rows.append(f"| {m.group(1)} | {m.group(2)} | {extra} |")
         text = replace_block(text, "bench", "Measured with `build/bench/gpumem_bench` (Google Benchmark, Release build, "
                              "2-core CI machine). Targets: a 70B training estimate on the analytic path under 20 us "
                              "(`BM_Estimate70BTrain`); simulating one training step of a 70B, 80-layer model under 5 ms "
                              "(`BM_SimulateStep70B`: trace + allocator replay); replaying 1,000,000 allocator events "
-                             "under 1 s (`BM_Replay1M*`); a 405B, 16,384-GPU layout estimate under 50 us (`BM_Estimate405B16kGpus`).\n\n" + "\n".join(rows) + "\n")
+                             "under 1 s (`BM_Replay1M*`); a 405B, 16,384-GPU layout estimate under 50 us (`BM_Estimate405B16kGpus`); the planner scoring at least 1,000,000 candidates per second per core (`BM_PlanSearch`, one thread, items/s).\n\n" + "\n".join(rows) + "\n")
     open(path, "w").write(text)
 
 
