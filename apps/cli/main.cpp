@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
 
     JobFlags plan_flags;
     std::int64_t global_batch = 0, plan_top = 10;
-    std::string headroom = "5%", plan_tp, plan_pp, plan_cp, plan_zero, plan_recompute, plan_precision, plan_optimizer;
+    std::string headroom = "5%", plan_tp, plan_pp, plan_cp, plan_ep, plan_zero, plan_recompute, plan_precision, plan_optimizer;
     bool no_offload = false;
     auto* planc = app.add_subcommand("plan", "search every layout for the fastest one that fits");
     plan_flags.add(planc, true);
@@ -240,6 +240,7 @@ int main(int argc, char** argv) {
     planc->add_option("--only-tp", plan_tp, "restrict tp, e.g. 1,2,4");
     planc->add_option("--only-pp", plan_pp, "restrict pp");
     planc->add_option("--only-cp", plan_cp, "restrict cp");
+    planc->add_option("--only-ep", plan_ep, "restrict ep (MoE models)");
     planc->add_option("--only-precision", plan_precision, "restrict precision, e.g. amp-bf16,bf16");
     planc->add_option("--only-optimizer", plan_optimizer, "restrict optimizers, e.g. adamw,adamw-8bit");
     planc->add_option("--only-zero", plan_zero, "restrict ZeRO stages, e.g. 1,3");
@@ -354,6 +355,7 @@ int main(int argc, char** argv) {
             pr.tp = ints(plan_tp, "--only-tp");
             pr.pp = ints(plan_pp, "--only-pp");
             pr.cp = ints(plan_cp, "--only-cp");
+            pr.ep = ints(plan_ep, "--only-ep");
             for (const auto& x : split_commas(plan_precision)) pr.precision.push_back(unwrap(parse_precision(x)));
             for (const auto& x : split_commas(plan_optimizer)) pr.optimizer.push_back(unwrap(parse_optimizer(x)));
             for (auto z : ints(plan_zero, "--only-zero")) pr.zero.push_back(static_cast<int>(z));

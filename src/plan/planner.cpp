@@ -26,7 +26,7 @@ struct Profile {
 };
 
 struct Candidate {
-    std::int64_t tp, pp, cp, dp, mb, ga;
+    std::int64_t tp, pp, cp, ep, dp, mb, ga;
     int zero;
     bool offload;
     std::uint16_t profile;
@@ -73,10 +73,13 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     const std::vector<Recompute> recs = !pr.recompute.empty() ? pr.recompute
                                                               : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
     std::vector<Profile> profiles;
-    double layer_params = 0, other_params = 0, largest_layer = 0;
+    double layer_params = 0, other_params = 0, largest_layer = 0, expert_params = 0;
     for (const auto& b : g.blocks) {
         double n = 0;
-        for (const auto& p : b.params) n += static_cast<double>(p.numel());
+        for (const auto& p : b.params) {
+            n += static_cast<double>(p.numel());
+            if (p.component == Component::Experts) expert_params += static_cast<double>(p.numel()) * static_cast<double>(b.repeat);
+        }
         if (b.checkpointable) {
             layer_params += n * static_cast<double>(b.repeat);
             largest_layer = std::max(largest_layer, n);
@@ -123,6 +126,12 @@ Result<PlanResult> plan(const PlanRequest& pr) {
                 if (!allowed(pr.cp, cp) || (pr.cp.empty() && cp > 1 && seq < 16384) || gpus % (tp * pp * cp) != 0 || seq % (2 * cp) != 0) continue;
                 const std::int64_t dp = gpus / (tp * pp * cp);
                 if (gb % dp != 0) continue;
+                std::vector<std::int64_t> eps{1};
+                if (d.experts > 0)
+                    for (std::int64_t e = 2; e <= std::min(dp, d.experts); e *= 2)
+                        if (d.experts % e == 0 && dp % e == 0) eps.push_back(e);
+                for (std::int64_t ep : eps) {
+                if (!pr.ep.empty() && std::find(pr.ep.begin(), pr.ep.end(), ep) == pr.ep.end()) continue;
                 const std::int64_t per_dp = gb / dp;
                 for (std::int64_t mb = 1; mb <= per_dp; mb *= 2) {
                     if (per_dp % mb != 0) continue;
@@ -134,9 +143,10 @@ Result<PlanResult> plan(const PlanRequest& pr) {
                         for (bool off : {false, true}) {
                             if (off && (!pr.allow_offload || zero == 0)) continue;
                             for (std::size_t pi = 0; pi < profiles.size(); ++pi)
-                                cands.push_back({tp, pp, cp, dp, mb, ga, zero, off, static_cast<std::uint16_t>(pi)});
+                                cands.push_back({tp, pp, cp, ep, dp, mb, ga, zero, off, static_cast<std::uint16_t>(pi)});
                         }
                     }
+                }
                 }
             }
         }
@@ -153,7 +163,10 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         const Profile& p = profiles[c.profile];
         const double tp = static_cast<double>(c.tp), pp = static_cast<double>(c.pp), cp = static_cast<double>(c.cp), dp = static_cast<double>(c.dp);
         const double mb = static_cast<double>(c.mb);
-        const double frac = (other_params / (pp > 1 ? 2.0 : 1.0) + layer_params / pp) / (layer_params + other_params) / tp;
+        // Routed experts are split over ep ranks (and their states over dp / ep).
+        const double ep = static_cast<double>(c.ep);
+        const double frac = (other_params / (pp > 1 ? 2.0 : 1.0) + (layer_params - expert_params) / pp + expert_params / pp / ep) /
+                            (layer_params + other_params) / tp;
         const double w = p.w * frac / (c.zero == 3 ? dp : 1.0);
         const double grads = p.g * frac / (c.zero >= 2 ? dp : 1.0);
         const double o = c.offload ? 0.0 : p.o * frac / (c.zero >= 1 ? dp : 1.0);
@@ -213,6 +226,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         r.parallel.tp = c.tp;
         r.parallel.pp = c.pp;
         r.parallel.cp = c.cp;
+        r.parallel.ep = c.ep;
         r.parallel.sp = c.tp > 1;
         r.parallel.zero = c.zero;
         r.parallel.offload_optimizer = c.offload ? Offload::Cpu : Offload::None;

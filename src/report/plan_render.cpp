@@ -19,6 +19,7 @@ nlohmann::json candidate_json(const PlanCandidate& c, std::int64_t gpus) {
     nlohmann::json j = {{"tp", par.tp},
                         {"pp", par.pp},
                         {"cp", par.cp},
+                        {"ep", par.ep},
                         {"dp", gpus / (par.tp * par.pp * par.cp)},
                         {"sp", par.sp},
                         {"zero", par.zero},
@@ -37,7 +38,7 @@ nlohmann::json candidate_json(const PlanCandidate& c, std::int64_t gpus) {
 std::string layout(const PlanCandidate& c, std::int64_t gpus) {
     const auto& r = c.request;
     const auto& p = r.parallel;
-    return fmt::format("tp{} pp{} cp{} dp{} z{}{}", p.tp, p.pp, p.cp, gpus / (p.tp * p.pp * p.cp), p.zero,
+    return fmt::format("tp{} pp{} cp{}{} dp{} z{}{}", p.tp, p.pp, p.cp, p.ep > 1 ? " ep" + std::to_string(p.ep) : "", gpus / (p.tp * p.pp * p.cp), p.zero,
                        p.offload_optimizer != Offload::None ? "+off" : "");
 }
 }  // namespace

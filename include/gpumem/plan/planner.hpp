@@ -29,7 +29,7 @@ struct PlanRequest {
     std::int64_t top = 10;
     std::int64_t confirm = 5;         // winners re-checked by the simulator
     // Restrictions (empty = search all).
-    std::vector<std::int64_t> tp, pp, cp;
+    std::vector<std::int64_t> tp, pp, cp, ep;
     std::vector<int> zero;
     std::vector<Recompute> recompute;
     std::vector<Precision> precision;
