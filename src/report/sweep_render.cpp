@@ -1,5 +1,7 @@
 #include "gpumem/report/sweep_render.hpp"
 
+#include "svg_util.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
@@ -15,26 +17,8 @@ std::string gib2(Bytes b) { return fmt::format("{:.2f}", b.gib()); }
 
 json fit_json(const PolyFit& f) { return {{"coef", f.coef}, {"r2", f.r2}, {"formula", format_fit(f)}}; }
 
-std::string esc(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-        if (c == '&') o += "&amp;";
-        else if (c == '<') o += "&lt;";
-        else if (c == '>') o += "&gt;";
-        else if (c == '"') o += "&quot;";
-        else o += c;
-    }
-    return o;
-}
-
-// A "nice" tick step (1, 2, 5 x 10^k) giving about `n` ticks over `range`.
-double nice_step(double range, int n) {
-    const double raw = range / std::max(1, n);
-    const double mag = std::pow(10.0, std::floor(std::log10(raw)));
-    for (double m : {1.0, 2.0, 5.0, 10.0})
-        if (raw <= m * mag) return m * mag;
-    return 10 * mag;
-}
+using svg::esc;
+using svg::nice_step;
 
 constexpr std::array<const char*, kSweepComponents> kColors{"#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#bab0ac"};
 

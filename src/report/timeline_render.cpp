@@ -1,5 +1,7 @@
 #include "gpumem/report/timeline_render.hpp"
 
+#include "svg_util.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
@@ -22,25 +24,8 @@ nlohmann::json timeline_to_json(const SimulationSummary& s) {
 }
 
 namespace {
-std::string esc(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-        if (c == '&') o += "&amp;";
-        else if (c == '<') o += "&lt;";
-        else if (c == '>') o += "&gt;";
-        else if (c == '"') o += "&quot;";
-        else o += c;
-    }
-    return o;
-}
-// A "nice" tick step (1, 2, 5 x 10^k) giving about `n` ticks over `range`.
-double nice_step(double range, int n) {
-    const double raw = range / std::max(1, n);
-    const double mag = std::pow(10.0, std::floor(std::log10(raw)));
-    for (double m : {1.0, 2.0, 5.0, 10.0})
-        if (raw <= m * mag) return m * mag;
-    return 10 * mag;
-}
+using svg::esc;
+using svg::nice_step;
 }  // namespace
 
 std::string render_timeline_svg(const SimulationSummary& s, const std::string& title, Bytes capacity) {
