@@ -1,0 +1,32 @@
+// api_call (the entry point of the HTTP service and the Python bindings)
+// returns what the CLI prints with --format json for the same request.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpumem/report/api.hpp"
+#include "test_util.hpp"
+
+using namespace gpumem;
+
+TEST(Api, EstimateEqualsCliJson) {
+    const auto cli = test::run_cli("estimate llama-3.2-1b --batch 2 --seq 1024 --gpu A100-80GB --recompute full --format json");
+    ASSERT_EQ(cli.exit_code, 0) << cli.err;
+    auto r = api_call("estimate", {{"model", "llama-3.2-1b"}, {"batch", 2}, {"seq", 1024}, {"gpu", "A100-80GB"}, {"recompute", "full"}});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r.value(), nlohmann::json::parse(cli.out));
+}
+
+TEST(Api, OtherCommandsAndErrors) {
+    EXPECT_TRUE(api_call("models", nlohmann::json::object()).ok());
+    auto sw = api_call("sweep", {{"model", "gpt2"}, {"batches", {1, 2}}, {"seq", 256}, {"analytic", true}});
+    ASSERT_TRUE(sw.ok()) << sw.error().message;
+    EXPECT_EQ(sw.value()["points"].size(), 2u);
+    auto bad = api_call("estimate", {{"model", "gpt2"}, {"batch", -1}});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.error().field, "batch");
+    auto path = api_call("snapshot", {{"path", "/etc/passwd"}});
+    ASSERT_FALSE(path.ok());
+    EXPECT_EQ(path.error().field, "path");
+    EXPECT_FALSE(api_call("nope", nlohmann::json::object()).ok());
+}
