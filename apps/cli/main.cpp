@@ -26,6 +26,9 @@
 #include "gpumem/report/timeline_render.hpp"
 #include "gpumem/sim/simulate.hpp"
 #include "gpumem/sim/snapshot.hpp"
+#ifdef GPUMEM_HAVE_SERVER
+#include "gpumem/server/server.hpp"
+#endif
 
 using namespace gpumem;
 
@@ -292,6 +295,17 @@ int main(int argc, char** argv) {
     cmeg->add_option("config", megatron_config, "JSON object of Megatron arguments (num_layers, hidden_size, ...)")->required();
     cmeg->add_option("--format", format, format_help)->capture_default_str();
 
+#ifdef GPUMEM_HAVE_SERVER
+    server::ServerOptions serve_opt;
+    std::string serve_max_body = "8MiB", serve_budget = "10s";
+    auto* serve = app.add_subcommand("serve", "serve the JSON API over HTTP (POST /v1/estimate, ...; loopback only unless --host)");
+    serve->add_option("--host", serve_opt.host, "address to listen on")->capture_default_str();
+    serve->add_option("--port", serve_opt.port, "TCP port (0: any free port)")->capture_default_str();
+    serve->add_option("--threads", serve_opt.threads, "request threads (default 2 x cores, at least 8)");
+    serve->add_option("--max-body", serve_max_body, "largest request body, e.g. 8MiB")->capture_default_str();
+    serve->add_option("--time-budget", serve_budget, "time limit per request, e.g. 10s (over it: 503)")->capture_default_str();
+#endif
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {
@@ -305,6 +319,16 @@ int main(int argc, char** argv) {
     }
 
     try {
+#ifdef GPUMEM_HAVE_SERVER
+        if (*serve) {
+            const std::int64_t max_body = unwrap(parse_size(serve_max_body, "max-body")).count();
+            if (max_body <= 0) input_error("max-body", "--max-body must be positive");
+            serve_opt.max_body = static_cast<std::size_t>(max_body);
+            serve_opt.time_budget = unwrap(server::parse_duration(serve_budget, "time-budget"));
+            if (serve_opt.port < 0 || serve_opt.port > 65535) input_error("port", "--port must be 0..65535");
+            return server::run_server(serve_opt);
+        }
+#endif
         const Format fmt = unwrap(parse_format(format));
         std::string out;
         if (*models) {

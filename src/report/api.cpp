@@ -89,6 +89,16 @@ ComputeOptions compute_options(const json& own) {
 }
 const std::vector<std::string> kComputeKeys = {"mfu", "achieved-tflops", "tokens", "price-per-gpu-hour", "nvlink-gbs", "ib-gbs", "tf32"};
 
+sim::SnapshotOptions snapshot_options(const json& own) {
+    sim::SnapshotOptions so;
+    if (own.contains("alloc-conf")) {
+        so.replay.config = take(sim::AllocatorConfig::parse(text(own["alloc-conf"], "alloc-conf")));
+        so.config_from_snapshot = false;
+    }
+    if (own.contains("device")) so.device = static_cast<int>(number(own["device"], "device"));
+    return so;
+}
+
 json run(std::string_view cmd, const json& body, bool allow_paths) {
     if (cmd == "models") return models_to_json(presets());
     if (cmd == "gpus") return gpus_to_json(gpu_catalog());
@@ -149,6 +159,12 @@ json run(std::string_view cmd, const json& body, bool allow_paths) {
         if (s.own.contains("only-ep")) pr.ep = int_list(s.own["only-ep"], "only-ep");
         if (s.own.contains("only-zero"))
             for (auto z : int_list(s.own["only-zero"], "only-zero")) pr.zero.push_back(static_cast<int>(z));
+        if (s.own.contains("only-recompute"))
+            for (const auto& x : s.own["only-recompute"]) pr.recompute.push_back(take(parse_recompute(text(x, "only-recompute"))));
+        if (s.own.contains("only-precision"))
+            for (const auto& x : s.own["only-precision"]) pr.precision.push_back(take(parse_precision(text(x, "only-precision"))));
+        if (s.own.contains("only-optimizer"))
+            for (const auto& x : s.own["only-optimizer"]) pr.optimizer.push_back(take(parse_optimizer(text(x, "only-optimizer"))));
         if (s.own.contains("threads")) pr.threads = static_cast<int>(number(s.own["threads"], "threads"));
         if (s.own.contains("no-offload")) pr.allow_offload = !s.own["no-offload"].get<bool>();
         return plan_to_json(take(plan(pr)));
@@ -163,12 +179,7 @@ json run(std::string_view cmd, const json& body, bool allow_paths) {
     }
     if (cmd == "snapshot") {
         const Split s = split(body, {"data", "path", "alloc-conf", "device"});
-        sim::SnapshotOptions so;
-        if (s.own.contains("alloc-conf")) {
-            so.replay.config = take(sim::AllocatorConfig::parse(text(s.own["alloc-conf"], "alloc-conf")));
-            so.config_from_snapshot = false;
-        }
-        if (s.own.contains("device")) so.device = static_cast<int>(number(s.own["device"], "device"));
+        const sim::SnapshotOptions so = snapshot_options(s.own);
         sim::SnapshotReport rep;
         if (s.own.contains("data")) rep = take(sim::analyze_snapshot_bytes(text(s.own["data"], "data"), "upload", so));
         else if (s.own.contains("path")) {
@@ -187,6 +198,30 @@ json run(std::string_view cmd, const json& body, bool allow_paths) {
 const std::vector<std::string>& api_commands() {
     static const std::vector<std::string> c = {"advise", "doctor", "estimate", "fit", "gpus", "models", "params", "plan", "snapshot", "sweep", "timeline"};
     return c;
+}
+
+namespace {
+template <class F>
+Result<json> guarded(F&& f) {
+    try {
+        return f();
+    } catch (const InputError& e) {
+        return e.error();
+    } catch (const OverflowError& e) {
+        return Error{ErrorCode::Overflow, std::string("a size overflows 64 bits: ") + e.what(), ""};
+    } catch (const nlohmann::json::exception& e) {
+        return Error{ErrorCode::ParseError, std::string("bad JSON value: ") + e.what(), ""};
+    }
+}
+}  // namespace
+
+Result<json> api_snapshot_bytes(std::string_view data, const json& options) {
+    return guarded([&]() -> json {
+        const Split s = split(options, {"alloc-conf", "device"});
+        if (!s.rest.empty()) fail(ErrorCode::InvalidArgument, s.rest.begin().key(), "unknown snapshot option \"" + s.rest.begin().key() + "\" (use alloc-conf, device)");
+        const sim::SnapshotReport rep = take(sim::analyze_snapshot_bytes(data, "upload", snapshot_options(s.own)));
+        return snapshot_to_json(rep.summary, rep.replay ? &*rep.replay : nullptr);
+    });
 }
 
 Result<json> api_call(std::string_view command, const json& body, bool allow_paths) {

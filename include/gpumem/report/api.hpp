@@ -24,6 +24,10 @@ namespace gpumem {
 // allow_paths is true (Python, not the HTTP service), {"path": "..."}.
 Result<nlohmann::json> api_call(std::string_view command, const nlohmann::json& body, bool allow_paths = false);
 
+// `snapshot` for raw uploaded bytes (a pickle is binary, not a JSON string):
+// options takes "alloc-conf" and "device" as the snapshot command does.
+Result<nlohmann::json> api_snapshot_bytes(std::string_view data, const nlohmann::json& options);
+
 const std::vector<std::string>& api_commands();
 
 }  // namespace gpumem

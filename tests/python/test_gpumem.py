@@ -1,0 +1,192 @@
+"""The Python bindings give the CLI's answers: each function's to_dict()
+equals `gpumem ... --format json` for the same request, and bad input raises
+gpumem.GpumemError (a ValueError) with the CLI's message.
+
+Run: PYTHONPATH=build/python GPUMEM_CLI=build/gpumem python3 -m pytest -q tests/python
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import gpumem
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = os.environ.get("GPUMEM_CLI", str(ROOT / "build" / "gpumem"))
+SNAPSHOT = ROOT / "tests" / "fixtures" / "snapshots" / "train_step.pickle"
+OOM = ("CUDA out of memory. Tried to allocate 1.24 GiB (GPU 0; 15.78 GiB total capacity; 10.34 GiB already "
+       "allocated; 435.50 MiB free; 14.21 GiB reserved in total by PyTorch)")
+
+
+def cli_json(*args):
+    p = subprocess.run([CLI, *map(str, args), "--format", "json"], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def cli_error(*args):
+    p = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, check=False)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    prefix = "gpumem: error: "
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith(prefix), line
+    return line[len(prefix):]
+
+
+def test_cli_exists():
+    assert Path(CLI).is_file(), f"set GPUMEM_CLI to the gpumem binary (tried {CLI})"
+
+
+def test_estimate_matches_cli():
+    est = gpumem.estimate("llama-3-8b", batch=2, seq=1024, grad_accum=4)
+    assert isinstance(est, gpumem.Estimate) and isinstance(est, gpumem.Result)
+    assert est.to_dict() == cli_json("estimate", "llama-3-8b", "--batch", 2, "--seq", 1024, "--grad-accum", 4)
+    assert isinstance(est.per_gpu.total_device, int)
+    assert est.per_gpu.total_device == est.to_dict()["per_gpu"]["total_device"]
+    assert est.per_gpu.fits is False
+    r = repr(est)
+    assert r.startswith("<Estimate llama-3-8b train: ") and "GiB of 80.00 GiB, does not fit>" in r
+
+
+def test_estimate_options_match_cli():
+    est = gpumem.estimate("llama-3-8b", seq=2048, gpus=8, zero=3, recompute="full", alloc_conf="expandable_segments:True",
+                          offload_optimizer="cpu", mfu=0.4, tf32=True)
+    assert est.to_dict() == cli_json("estimate", "llama-3-8b", "--seq", 2048, "--gpus", 8, "--zero", 3, "--recompute", "full",
+                                     "--alloc-conf", "expandable_segments:True", "--offload-optimizer", "cpu",
+                                     "--mfu", 0.4, "--tf32")
+    inf = gpumem.estimate("gpt2", mode="infer", batch=4, seq=512, gen_len=128, analytic=True)
+    assert inf.to_dict() == cli_json("estimate", "gpt2", "--mode", "infer", "--batch", 4, "--seq", 512, "--gen-len", 128, "--analytic")
+    assert "fits>" in repr(inf)
+
+
+def test_params_matches_cli():
+    p = gpumem.params("gpt2")
+    assert isinstance(p, gpumem.Params)
+    assert p.to_dict() == cli_json("params", "gpt2")
+    assert "gpt2" in repr(p)
+    assert gpumem.params(params="7B").to_dict() == cli_json("params", "--params", "7B")
+
+
+def test_fit_matches_cli():
+    f = gpumem.fit("gpt2", seq=1024, gpu="A100-40GB")
+    assert isinstance(f, gpumem.Fit)
+    assert f.to_dict() == cli_json("fit", "gpt2", "--seq", 1024, "--gpu", "A100-40GB")
+    assert repr(f).startswith("<Fit gpt2")
+
+
+def test_plan_matches_cli():
+    p = gpumem.plan("llama-3-8b", gpus=8, top=3, headroom="10%", only_zero=[1, 3])
+    assert isinstance(p, gpumem.Plan)
+    want = cli_json("plan", "llama-3-8b", "--gpus", 8, "--top", 3, "--headroom", "10%", "--only-zero", "1,3")
+    got = p.to_dict()
+    for d in (got, want):  # wall-clock time of the search differs run to run
+        d.pop("search_seconds", None)
+    assert got == want
+    assert repr(p).startswith("<Plan ")
+
+
+def test_sweep_matches_cli():
+    s = gpumem.sweep("gpt2", batches=[1, 2, 4], seqs=[512, 1024])
+    assert isinstance(s, gpumem.Sweep)
+    assert s.to_dict() == cli_json("sweep", "gpt2", "--batches", "1,2,4", "--seqs", "512,1024")
+    assert s.batches == [1, 2, 4] and len(s.points) == 6
+    assert "6 points" in repr(s)
+
+
+def test_advise_matches_cli():
+    a = gpumem.advise("llama-3-8b", batch=4, seq=2048)
+    assert isinstance(a, gpumem.Advice)
+    assert a.to_dict() == cli_json("advise", "llama-3-8b", "--batch", 4, "--seq", 2048)
+    assert "techniques" in repr(a)
+
+
+def test_simulate_matches_cli_timeline(tmp_path):
+    t = gpumem.simulate("gpt2", batch=2, seq=512)
+    assert isinstance(t, gpumem.Timeline)
+    out = tmp_path / "t.json"
+    subprocess.run([CLI, "estimate", "gpt2", "--batch", "2", "--seq", "512", "--timeline", str(out)],
+                   check=True, capture_output=True)
+    assert t.to_dict() == json.loads(out.read_text())
+    assert "events" in repr(t)
+
+
+def test_snapshot_matches_cli():
+    s = gpumem.snapshot(str(SNAPSHOT))
+    assert isinstance(s, gpumem.Snapshot)
+    assert s.to_dict() == cli_json("snapshot", SNAPSHOT)
+    assert isinstance(s.peak_reserved, int)
+    conf = "expandable_segments:True"
+    assert gpumem.snapshot(SNAPSHOT, alloc_conf=conf).to_dict() == cli_json("snapshot", SNAPSHOT, "--alloc-conf", conf)
+    assert "peak allocated" in repr(s)
+
+
+def test_doctor_matches_cli():
+    d = gpumem.doctor(OOM)
+    assert isinstance(d, gpumem.Doctor)
+    assert d.to_dict() == cli_json("doctor", OOM)
+    assert "fragmentation" in d.explanation
+    assert repr(d).startswith("<Doctor ")
+    d2 = gpumem.doctor(OOM, model="llama-3.2-1b", batch=4, seq=2048, gpu="V100-16GB")
+    assert d2.to_dict() == cli_json("doctor", OOM, "--model", "llama-3.2-1b", "--batch", 4, "--seq", 2048, "--gpu", "V100-16GB")
+
+
+def test_models_and_gpus_match_cli():
+    m = gpumem.models()
+    assert isinstance(m, gpumem.Models)
+    assert m.to_dict() == cli_json("models")
+    assert "gpt2" in [x.name for x in m] and len(m) == len(m.to_dict()["models"])
+    g = gpumem.gpus()
+    assert g.to_dict() == cli_json("gpus")
+    assert any(x.name == "H100-80GB" for x in g)
+    assert repr(m).startswith("<Models ") and repr(g).startswith("<Gpus ")
+
+
+@pytest.mark.parametrize("kwargs,args", [
+    (dict(model="no-such-model"), ["estimate", "no-such-model"]),
+    (dict(model="gpt2", precision="fp12"), ["estimate", "gpt2", "--precision", "fp12"]),
+    (dict(model="gpt2", mode="pretrain"), ["estimate", "gpt2", "--mode", "pretrain"]),
+    (dict(model="gpt2", gpu="RTX-9999"), ["estimate", "gpt2", "--gpu", "RTX-9999"]),
+    (dict(model="gpt2", batch=0), ["estimate", "gpt2", "--batch", "0"]),
+])
+def test_errors_carry_cli_message(kwargs, args):
+    with pytest.raises(ValueError) as e:
+        gpumem.estimate(**kwargs)
+    assert isinstance(e.value, gpumem.GpumemError)
+    assert str(e.value) == cli_error(*args)
+    assert isinstance(e.value.code, str) and isinstance(e.value.field, str)
+
+
+def test_other_errors():
+    with pytest.raises(gpumem.GpumemError) as e:
+        gpumem.snapshot(str(ROOT / "no" / "such.pickle"))
+    assert str(e.value) == cli_error("snapshot", str(ROOT / "no" / "such.pickle"))
+    with pytest.raises(gpumem.GpumemError) as e:
+        gpumem.params()
+    assert str(e.value) == cli_error("params") and e.value.field == "model"
+    with pytest.raises(gpumem.GpumemError) as e:
+        gpumem.estimate("gpt2", no_such_option=1)
+    assert "no-such-option" in str(e.value)
+    with pytest.raises(gpumem.GpumemError):
+        gpumem.plan("gpt2", headroom="lots")
+
+
+def test_result_wrapper():
+    est = gpumem.estimate("gpt2", analytic=True)
+    d = est.to_dict()
+    d["per_gpu"]["total_device"] = -1  # a copy: the result is unchanged
+    assert est.per_gpu.total_device > 0
+    assert est["per_gpu"]["capacity"] == est.per_gpu.capacity
+    assert "per_gpu" in est and "per_gpu" in dir(est)
+    with pytest.raises(AttributeError):
+        est.no_such_field  # noqa: B018
+    with pytest.raises(AttributeError):
+        est.per_gpu = 1
+    assert json.loads(est.to_json()) == est.to_dict()
+    assert gpumem.call("estimate", {"model": "gpt2", "analytic": True}) == est.to_dict()
+
+
+def test_docstrings():
+    for name in ["estimate", "params", "fit", "plan", "sweep", "advise", "simulate", "snapshot", "doctor", "models", "gpus", "call"]:
+        assert getattr(gpumem, name).__doc__, name
