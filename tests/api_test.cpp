@@ -30,3 +30,19 @@ TEST(Api, OtherCommandsAndErrors) {
     EXPECT_EQ(path.error().field, "path");
     EXPECT_FALSE(api_call("nope", nlohmann::json::object()).ok());
 }
+
+// An uploaded config.json (the web page reads it in the browser and sends it
+// inline) estimates like the same file given to the CLI.
+TEST(Api, InlineConfigEqualsCliOnTheFile) {
+    const std::string path = test::source_path("data/presets/configs/smollm2-135m.json");
+    const auto cli = test::run_cli("estimate " + path + " --batch 2 --seq 512 --format json");
+    ASSERT_EQ(cli.exit_code, 0) << cli.err;
+    auto r = api_call("estimate", {{"config", test::read_json("data/presets/configs/smollm2-135m.json")}, {"batch", 2}, {"seq", 512}});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    auto want = nlohmann::json::parse(cli.out);
+    EXPECT_EQ(r.value()["per_gpu"], want["per_gpu"]);
+    EXPECT_EQ(r.value()["breakdown"], want["breakdown"]);
+    auto bad = api_call("estimate", {{"config", {{"model_type", "nope"}}}});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.error().field, "model_type");
+}

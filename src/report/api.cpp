@@ -18,7 +18,9 @@
 #include "gpumem/report/snapshot_render.hpp"
 #include "gpumem/report/sweep_render.hpp"
 #include "gpumem/report/timeline_render.hpp"
+#include "gpumem/sim/simulate.hpp"
 #include "gpumem/sim/snapshot.hpp"
+#include "gpumem/memory/job.hpp"
 
 namespace gpumem {
 
@@ -112,9 +114,21 @@ json run(std::string_view cmd, const json& body, bool allow_paths) {
         return params_to_json(g, summarize_params(g));
     }
     if (cmd == "estimate" || cmd == "timeline") {
-        const Split s = split(body, kComputeKeys);
+        std::vector<std::string> keys = kComputeKeys;
+        keys.push_back("config");
+        const Split s = split(body, keys);
         const auto req = take(request_from_json(s.rest));
-        const FullEstimate fe = take(estimate_with_time(req, compute_options(s.own)));
+        FullEstimate fe;
+        if (s.own.contains("config")) {
+            // An uploaded Hugging Face config.json, sent inline (no file access).
+            const ModelGraph g = take(load_hf_config_json(s.own["config"], "uploaded config.json"));
+            EstimateResult mem = take(simulate_estimate(g, req));
+            const Job job = take(resolve_job(g, req));
+            ComputeResult t = take(compute_time(g, job, mem, compute_options(s.own)));
+            fe = FullEstimate{std::move(mem), std::move(t)};
+        } else {
+            fe = take(estimate_with_time(req, compute_options(s.own)));
+        }
         if (cmd == "timeline") {
             if (!fe.memory.simulation) fail(ErrorCode::InvalidArgument, "analytic", "the timeline needs the step simulation (analytic is set, or --params has no graph)");
             return timeline_to_json(*fe.memory.simulation);

@@ -43,7 +43,8 @@ ol li{margin:4px 0}.tag{font-size:11px;padding:1px 6px;border-radius:8px;backgro
 <form id="form" class="card" autocomplete="off">
 <h2>Job</h2>
 <label>Model <select id="model" name="model"></select></label>
-<p class="note">Presets only: the web service takes preset names. For your own config.json use the CLI (<code>gpumem estimate path/to/config.json</code>).</p>
+<label>or config.json <input id="config-file" type="file" accept=".json,application/json"></label>
+<p class="note" id="config-note">A Hugging Face config.json is read in the browser and sent with the request (estimate and timeline); the service reads no files.</p>
 <label>Mode <select id="mode" name="mode"><option>train</option><option>lora</option><option>qlora</option><option>infer</option></select></label>
 <label>Batch (per GPU) <input id="batch" name="batch" type="number" value="1"></label>
 <label>Sequence length <input id="seq" name="seq" type="number" value="2048"></label>
@@ -85,8 +86,10 @@ const esc=s=>String(s).replace(/[&<>"']/g,c=>({"&":"&amp;","<":"&lt;",">":"&gt;"
 function fmt(b){const u=["B","KiB","MiB","GiB","TiB"];let i=0,v=Math.abs(b);while(v>=1024&&i<4){v/=1024;i++}return (b<0?"-":"")+v.toFixed(i?2:0)+" "+u[i]}
 const gib=b=>(b/1073741824).toFixed(2);
 function showError(msg){const e=$("#error");e.textContent=msg;e.classList.toggle("show",!!msg)}
+let CONFIG=null;
 function body(){const b={};for(const f of FIELDS){const v=$("#"+f).value.trim();if(v==="")continue;
-  if(NUM.has(f)){const n=Number(v);b[f]=Number.isFinite(n)?n:v}else b[f]=v}return b}
+  if(NUM.has(f)){const n=Number(v);b[f]=Number.isFinite(n)?n:v}else b[f]=v}
+  if(CONFIG){delete b.model;b.config=CONFIG}return b}
 function syncUrl(){const q=new URLSearchParams();for(const f of FIELDS){const v=$("#"+f).value;if(v!==""&&v!==DEF[f])q.set(f,v)}
   history.replaceState(null,"",location.pathname+(q.toString()?"?"+q:""))}
 async function api(path,b){let r;try{r=await fetch(path,b===undefined?{}:{method:"POST",headers:{"Content-Type":"application/json"},body:JSON.stringify(b)})}
@@ -129,6 +132,10 @@ async function plan(){const b=body();b.top=5;const d=await api("/v1/plan",b);con
    "</td><td class=n>"+r.grad_accum+"</td><td class=n>"+fmt(r.per_gpu.total_device)+"</td><td class=n>"+(r.time?r.time.step_seconds.toFixed(3):"")+"</td><td class=n>"+(r.time?Math.round(r.time.tokens_per_second).toLocaleString("en-US"):"")+"</td></tr>").join("")+"</tbody></table>"+
    '<p class="note">'+(d.assumptions||[]).map(esc).join("<br>")+"</p>"}
 async function init(){const q=new URLSearchParams(location.search);
+  $("#config-file").addEventListener("change",async e=>{const f=e.target.files[0];if(!f){CONFIG=null;return}
+    try{CONFIG=JSON.parse(await f.text());$("#config-note").textContent="using "+f.name+" (choose a preset to go back)";showError("")}
+    catch(err){CONFIG=null;showError(f.name+": not valid JSON ("+err.message+")")}});
+  $("#model").addEventListener("change",()=>{CONFIG=null;$("#config-file").value=""});
   for(const f of FIELDS){const v=q.get(f);if(v!==null&&f!=="model"&&f!=="gpu")$("#"+f).value=v}
   try{const[m,g]=await Promise.all([api("/v1/models"),api("/v1/gpus")]);
    setOpts($("#model"),m.models.map(x=>({v:x.name,t:x.name+" ("+x.model_type+")"})),q.get("model")||"llama-3.2-1b");

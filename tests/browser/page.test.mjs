@@ -5,6 +5,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -123,6 +124,17 @@ test('page estimates, matches the CLI, shows API errors', { timeout: 110_000 }, 
   await page.waitForSelector('#error', { state: 'hidden', timeout: T });
   await page.screenshot({ path: screenshot, fullPage: true });
   console.log(`screenshot: ${screenshot}`);
+
+  // Upload a config.json: the page sends it inline; the total equals the CLI on the file.
+  const cfgPath = path.join(here, '..', '..', 'data', 'presets', 'configs', 'smollm2-135m.json');
+  await page.setInputFiles('#config-file', { name: 'config.json', mimeType: 'application/json', buffer: fs.readFileSync(cfgPath) });
+  await page.waitForFunction(() => document.querySelector('#config-note').textContent.startsWith('using'), null, { timeout: T });
+  await page.evaluate(() => { const t = document.querySelector('#total'); if (t) t.removeAttribute('data-bytes'); });
+  await page.click('#run');
+  const t3 = await page.waitForSelector('#total[data-bytes]', { timeout: T });
+  const cfgCli = JSON.parse(execFileSync(cli, ['estimate', cfgPath, '--batch', '2', '--seq', '1024', '--gpu', 'A100-80GB', '--format', 'json'],
+                                         { encoding: 'utf8', timeout: T }));
+  assert.equal(await t3.getAttribute('data-bytes'), String(cfgCli.per_gpu.total_device), 'uploaded config.json matches the CLI');
   assert.deepEqual(pageErrors, [], 'no JavaScript errors');
   await page.close();
 });
