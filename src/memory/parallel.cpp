@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+
+#include "enum_names.hpp"
 #include <cctype>
 #include <cmath>
 #include <numeric>
@@ -13,23 +15,8 @@
 namespace gpumem {
 
 namespace {
-template <class E, std::size_t N>
-Result<E> parse_enum(std::string_view s, const std::array<std::pair<const char*, E>, N>& rows, std::string_view flag) {
-    std::string lower;
-    for (char c : s) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
-    for (const auto& [name, v] : rows)
-        if (lower == name) return v;
-    std::string list;
-    for (const auto& [name, v] : rows) list += (list.empty() ? "" : "|") + std::string(name);
-    return Error{ErrorCode::InvalidArgument, "--" + std::string(flag) + ": unknown value \"" + std::string(s) + "\"; use one of " + list,
-                 std::string(flag)};
-}
-template <class E, std::size_t N>
-const char* enum_name(E v, const std::array<std::pair<const char*, E>, N>& rows) {
-    for (const auto& [name, e] : rows)
-        if (e == v) return name;
-    return "?";
-}
+using detail::enum_name;
+using detail::parse_enum;
 constexpr std::array<std::pair<const char*, PipelineSchedule>, 2> kSchedules{{{"1f1b", PipelineSchedule::OneFOneB}, {"interleaved", PipelineSchedule::Interleaved}}};
 constexpr std::array<std::pair<const char*, Fsdp>, 4> kFsdp{{{"none", Fsdp::None}, {"full", Fsdp::Full}, {"grad-op", Fsdp::GradOp}, {"hybrid", Fsdp::Hybrid}}};
 constexpr std::array<std::pair<const char*, Offload>, 3> kOffload{{{"none", Offload::None}, {"cpu", Offload::Cpu}, {"nvme", Offload::Nvme}}};

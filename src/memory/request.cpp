@@ -1,6 +1,8 @@
 #include "gpumem/memory/request.hpp"
 
 #include <array>
+
+#include "enum_names.hpp"
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -9,30 +11,8 @@
 namespace gpumem {
 
 namespace {
-template <class E, std::size_t N>
-struct EnumTable {
-    std::array<std::pair<const char*, E>, N> rows;
-};
-
-template <class E, std::size_t N>
-Result<E> parse_enum(std::string_view s, const std::array<std::pair<const char*, E>, N>& rows, const char* flag) {
-    std::string lower;
-    for (char c : s) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
-    for (const auto& [name, v] : rows)
-        if (lower == name) return v;
-    std::string list;
-    for (const auto& [name, v] : rows) list += (list.empty() ? "" : "|") + std::string(name);
-    return Error{ErrorCode::InvalidArgument,
-                 std::string("--") + flag + ": unknown value \"" + std::string(s) + "\"; use one of " + list, flag};
-}
-
-template <class E, std::size_t N>
-const char* enum_name(E v, const std::array<std::pair<const char*, E>, N>& rows) {
-    for (const auto& [name, e] : rows)
-        if (e == v) return name;
-    return "?";
-}
-
+using detail::enum_name;
+using detail::parse_enum;
 constexpr std::array<std::pair<const char*, Mode>, 4> kModes{{{"train", Mode::Train}, {"lora", Mode::Lora}, {"qlora", Mode::QLora}, {"infer", Mode::Infer}}};
 constexpr std::array<std::pair<const char*, Precision>, 5> kPrecisions{{{"fp32", Precision::FP32}, {"fp16", Precision::FP16}, {"bf16", Precision::BF16}, {"amp-fp16", Precision::AmpFP16}, {"amp-bf16", Precision::AmpBF16}}};
 constexpr std::array<std::pair<const char*, Optimizer>, 7> kOptimizers{{{"sgd", Optimizer::SGD}, {"sgd-momentum", Optimizer::SGDMomentum}, {"adam", Optimizer::Adam}, {"adamw", Optimizer::AdamW}, {"adamw-8bit", Optimizer::AdamW8bit}, {"adafactor", Optimizer::Adafactor}, {"lion", Optimizer::Lion}}};
