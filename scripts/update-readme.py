@@ -35,9 +35,16 @@ def main():
     text = replace_block(text, "example", "```\n$ gpumem " + " ".join(EXAMPLE) + "\n" + out + "```\n\n"
                          "The simulated memory timeline of `gpumem " + " ".join(TIMELINE) +
                          " --timeline docs/timeline-example.svg`:\n\n![memory timeline](docs/timeline-example.svg)\n")
-    acc = subprocess.run(["python3", os.path.join(ROOT, "scripts/accuracy.py"), "--gpumem", gpumem],
+    acc = subprocess.run(["python3", os.path.join(ROOT, "scripts/accuracy.py"), "--gpumem", gpumem, "--section", "classic"],
                          capture_output=True, text=True, check=True).stdout
     text = replace_block(text, "accuracy", acc)
+    if "<!-- framework-accuracy:begin -->\n" in text and "<!-- framework-accuracy:end -->" in text:
+        fw = subprocess.run(["python3", os.path.join(ROOT, "scripts/accuracy.py"), "--gpumem", gpumem, "--section",
+                             "frameworks"], capture_output=True, text=True, check=True).stdout
+        body = fw.split("\n", 2)[2] if fw.startswith("## ") else fw
+        # The summary table only; the per-row table is the script's own output.
+        summary = body.split("\n| measurement |", 1)[0].rstrip("\n") + "\n"
+        text = replace_block(text, "framework-accuracy", summary + "\nPer-row results, commands and causes: `python3 scripts/accuracy.py --section frameworks`.\n")
     open(path, "w").write(text)
     subprocess.run(["python3", os.path.join(ROOT, "scripts/update-throughput.py"), "--build", a.build], check=True,
                    capture_output=True, text=True)

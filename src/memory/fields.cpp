@@ -173,16 +173,32 @@ std::vector<Field> build_table() {
         row("gen-len", FT::Int, "job", kJob, AT(job.gen_len), "generated tokens after the prompt").unit("tokens").min(0).modes(kInfer),
         row("lora-rank", FT::Int, "job", kJob, AT(job.lora_rank), "LoRA rank").min(1).modes(kLoraModes),
         row("lora-targets", FT::StringList, "job", kJob, AT(job.lora_targets), "module names that get adapters, or all-linear").computed("PEFT's per-model defaults (q_proj,v_proj for Llama)").modes(kLoraModes),
+        row("lora-dropout", FT::Number, "job", kJob, AT(job.lora_dropout), "dropout on each adapter's input (PEFT lora_dropout): p > 0 keeps a dropped copy and a mask per adapter").min(0).max(1).computed("0 (PEFT's default)").modes(kLoraModes),
+        row("decoder-seq", FT::Int, "job", kJob, AT(job.decoder_seq), "decoder tokens per sample of an encoder-decoder model (T5); --seq is the encoder's").unit("tokens").min(1).computed("--seq").modes(kTrainModes),
         // ---- precision
         row("precision", FT::Enum, "precision", kJob, AT(job.precision), "numeric precision: pure fp32/fp16/bf16 or torch.autocast mixed precision").computed("amp-bf16 for training, bf16 for inference"),
         row("optimizer", FT::Enum, "precision", kJob, AT(job.optimizer), "optimizer (its states per parameter)").modes(kTrainModes),
         row("optimizer-impl", FT::Enum, "precision", kJob, AT(job.optimizer_impl), "torch.optim implementation (its step temporaries)").computed("fused under --distributed-optimizer or --zero (Megatron, DeepSpeed), else foreach (torch.optim's default)").modes(kTrainModes),
         row("zero-grad", FT::Enum, "precision", kJob, AT(job.zero_grad), "optimizer.zero_grad: set-to-none frees gradients (PyTorch >= 2.0), zero keeps them (1.x)").modes(kTrainModes),
+        row("optimizer-in-backward", FT::Bool, "precision", kJob, AT(job.optimizer_in_backward), "step each parameter and free its gradient in its post-accumulate-grad hook (torchtune optimizer_in_bwd); not with --grad-accum > 1").modes(kTrainModes),
+        row("load-dtype", FT::Enum, "precision", kJob, AT(job.load_dtype), "dtype from_pretrained loads the checkpoint in on the GPU: weights (torch_dtype given) or fp32 (torch_dtype not given, then cast)"),
         row("quant", FT::Enum, "precision", kJob, AT(job.quant), "weight quantization of the linear layers").computed("nf4 for qlora, else none"),
+        row("double-quant", FT::Bool, "precision", kJob, AT(job.double_quant), "bitsandbytes nf4/fp4: quantize the absmax constants again (bnb_4bit_use_double_quant; HF's default is off, the QLoRA recipe's on)"),
+        row("quantize-head", FT::Bool, "precision", kJob, AT(job.quantize_head), "quantize lm_head too (LitGPT's bitsandbytes plugin converts every nn.Linear; HF skips it)"),
+        row("bnb-4bit-saves-input", FT::Bool, "precision", kJob, AT(job.bnb_4bit_saves_input), "bitsandbytes < 0.43.2: the 4-bit matmul keeps its input for backward").modes(kLoraModes),
         row("kv-dtype", FT::Enum, "precision", kJob, AT(job.kv_dtype), "KV-cache dtype").computed("the activation dtype").modes(kInfer),
         // ---- memory savers
         row("recompute", FT::Enum, "savers", kJob, AT(job.recompute), "activation recomputation (checkpointing)").modes(kTrainModes),
         row("attention", FT::Enum, "savers", kJob, AT(job.attention), "attention kernel: eager keeps the s x s scores, flash (SDPA) does not"),
+        row("recompute-every", FT::Int, "savers", kJob, AT(job.recompute_every), "checkpoint every N-th layer only (torchtitan selective_ac_option N; HF: every layer)").min(1).computed("1 (every layer)").modes(kTrainModes),
+        row("activation-offload", FT::Bool, "savers", kJob, AT(job.activation_offload), "saved activations offloaded to CPU memory (torchtune enable_activation_offloading, Unsloth)").modes(kTrainModes),
+        // ---- framework (memory/framework.hpp)
+        row("framework", FT::Enum, "framework", kJob, AT(job.framework), "training framework whose loop, modeling code and precision policy the step follows (docs/frameworks.md)").computed("hf (Trainer / accelerate / TRL)"),
+        row("cross-entropy", FT::Enum, "framework", kJob, AT(job.cross_entropy), "loss kernel: full fp32 cross-entropy, chunked, fused (no fp32 copy) or fused-linear (no logits)").computed("the framework's").modes(kTrainModes),
+        row("logits", FT::Enum, "framework", kJob, AT(job.logits), "whether the loop still holds the logits during backward").computed("the framework's").modes(kTrainModes),
+        row("kernels", FT::Enum, "framework", kJob, AT(job.kernels), "modeling code: Hugging Face eager modules, fused kernels (RMSNorm, SwiGLU, RoPE) or Transformer Engine layers").computed("the framework's"),
+        row("compile", FT::Bool, "framework", kJob, AT(job.compile), "torch.compile (Inductor fuses pointwise ops: saves like fused kernels)").modes(kTrainModes),
+        row("fp8-recipe", FT::Enum, "framework", kJob, AT(job.fp8_recipe), "FP8 training recipe (memory and time; implies --fp8)").modes(kTrainModes),
         // ---- layout
         row("gpus", FT::Int, "layout", kJob, AT(job.parallel.gpus), "GPUs in the job (data parallel = gpus / (tp x pp x cp))").min(1),
         row("nodes", FT::Int, "layout", kJob | bit(Command::CompatDeepSpeed), AT(job.parallel.nodes), "nodes").min(1).computed("gpus / GPUs per node"),
@@ -201,6 +217,8 @@ std::vector<Field> build_table() {
         row("pp-loss-layer", FT::Bool, "layout", kJob, AT(job.parallel.pp_loss_layer), "count the output layer and loss as one layer of the split (Megatron --account-for-loss-in-pipeline-split)"),
         row("zero", FT::Int, "layout", kJob, AT(job.parallel.zero), "DeepSpeed ZeRO stage").min(0).max(3).modes(kTrainModes),
         row("fsdp", FT::Enum, "layout", kJob, AT(job.parallel.fsdp), "PyTorch FSDP sharding").modes(kTrainModes),
+        row("fsdp-version", FT::Int, "layout", kJob, AT(job.parallel.fsdp_version), "FSDP API: 1 (FullyShardedDataParallel, flat parameters: LoRA gets gradients for its layers' frozen weights too) or 2 (fully_shard)").min(1).max(2).modes(kTrainModes),
+        row("no-sync", FT::Bool, "layout", kJob, AT(job.parallel.no_sync), "FSDP gradient accumulation without reduce-scatter between micro-batches (no_sync / set_requires_gradient_sync(False)): full gradients kept").modes(kTrainModes),
         row("distributed-optimizer", FT::Bool, "layout", kJob, AT(job.parallel.distributed_optimizer), "Megatron's distributed optimizer").modes(kTrainModes),
         row("offload-optimizer", FT::Enum, "layout", kJob, AT(job.parallel.offload_optimizer), "optimizer states offloaded (DeepSpeed ZeRO-Offload / Infinity)").modes(kTrainModes),
         row("offload-params", FT::Enum, "layout", kJob, AT(job.parallel.offload_params), "parameters offloaded (ZeRO-3 Infinity)").modes(kTrainModes),
@@ -462,7 +480,7 @@ const Field* find_field(std::string_view name) {
 const std::vector<std::pair<std::string, std::string>>& field_groups() {
     static const std::vector<std::pair<std::string, std::string>> g = {
         {"model", "Model"},       {"job", "Job"},     {"precision", "Precision and optimizer"}, {"savers", "Memory savers"},
-        {"layout", "Parallel layout"}, {"gpu", "GPU and allocator"}, {"time", "Time and cost"}, {"plan", "Planner"},
+        {"framework", "Training framework"}, {"layout", "Parallel layout"}, {"gpu", "GPU and allocator"}, {"time", "Time and cost"}, {"plan", "Planner"},
         {"sweep", "Sweep"},       {"input", "Input"}, {"output", "Output"}};
     return g;
 }

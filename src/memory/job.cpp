@@ -1,7 +1,10 @@
 #include "gpumem/memory/job.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+
+#include "gpumem/memory/features.hpp"
 
 namespace gpumem {
 
@@ -13,6 +16,12 @@ DType half_of(Precision p) {
 
 
 
+
+std::string fmt_prob(double p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", p);
+    return buf;
+}
 
 void check(bool ok, const char* field, const std::string& msg) {
     if (!ok) fail(ErrorCode::InvalidArgument, field, msg);
@@ -51,6 +60,11 @@ Bytes optimizer_bytes(Optimizer o, const TrainTensor& t, DType state) {
         case Optimizer::Lion: return dtype_bytes(state, n);
         case Optimizer::Adam:
         case Optimizer::AdamW: return dtype_bytes(state, n) * 2;
+        // bitsandbytes PagedAdamW (optim_bits 32): fp32 state1/state2 whatever the
+        // parameter's dtype (bitsandbytes 95f9af30, bitsandbytes/optim/optimizer.py
+        // L508-510 Optimizer2State.init_state -> get_state_buffer(p, torch.float32)).
+        case Optimizer::PagedAdamW: return dtype_bytes(DType::F32, n) * 2;
+        case Optimizer::PagedAdamW8bit:  // the same layout as AdamW8bit (optimizer.py L502-529)
         case Optimizer::AdamW8bit: {
             std::int64_t per = 1;
             for (auto d : t.shape) per = checked_mul(per, d);
@@ -71,22 +85,46 @@ Bytes optimizer_bytes(Optimizer o, const TrainTensor& t, DType state) {
     return Bytes(0);
 }
 
+// bitsandbytes paged optimizers (bitsandbytes 95f9af30): get_state_buffer
+// (bitsandbytes/optim/optimizer.py L374-390) puts state1/state2 of a parameter
+// with at least 1e5 elements in a buffer from F.get_paged (functional.py
+// L91-99: lib.cget_managed_ptr = cudaMallocManaged(..., cudaMemAttachHost),
+// csrc/pythonInterface.cpp L557-562), outside PyTorch's caching allocator;
+// smaller tensors' states and the 8-bit absmax (optimizer.py L528-529,
+// torch.zeros) stay in it. prefetch_state (L392-401) moves the pages to the GPU
+// before each update; under memory pressure the driver evicts them to the host.
+Bytes paged_state_bytes(Optimizer o, const TrainTensor& t) {
+    if (o != Optimizer::PagedAdamW && o != Optimizer::PagedAdamW8bit) return Bytes(0);
+    std::int64_t per = 1;
+    for (auto d : t.shape) per = checked_mul(per, d);
+    if (per < 100'000) return Bytes(0);
+    // 8-bit: uint8 state1 + state2 (>= 1e5 > min_8bit_size 4096); 32-bit: fp32.
+    return Bytes(checked_mul(t.count, checked_mul(per, o == Optimizer::PagedAdamW8bit ? 2 : 8)));
+}
+
 // Weight bytes of one parameter under weight quantization (bitsandbytes
 // Linear8bitLt / Linear4bit, GPTQ-style int4). Only nn.Linear weights are
-// quantized; lm_head stays in the compute dtype (bnb's default skip list).
-Bytes quantized_bytes(Quant q, const Param& p, DType fallback) {
-    const bool quantizable = p.linear_weight && !p.output_head && p.module != "lm_head" && p.shape.size() == 2;
-    if (q == Quant::None || !quantizable) return dtype_bytes(fallback, p.numel());
-    const std::int64_t per = p.shape[0] * p.shape[1];
+// quantized (quantized_weight); lm_head stays in the compute dtype (bnb's
+// default skip list) unless quantize_head.
+Bytes quantized_bytes(Quant q, const Param& p, DType fallback, bool double_quant, bool quantize_head) {
+    if (!quantized_weight(p, q, quantize_head)) return dtype_bytes(fallback, p.numel());
+    const std::int64_t per = checked_mul(p.shape[0], p.shape[1]);
     std::int64_t b = 0;
     switch (q) {
         case Quant::Int8:  // int8 weight + fp32 row scale (SCB) per output row
             b = checked_add(per, 4 * p.shape[0]);
             break;
-        case Quant::NF4: {  // 4-bit + double-quantized absmax (blocksize 64; uint8 absmax,
-                            // fp32 second-level absmax per 256 blocks, 256-entry fp32 code table)
+        case Quant::NF4:
+        case Quant::FP4: {
+            // bitsandbytes quantize_4bit (95f9af30, bitsandbytes/functional.py
+            // L884-960; nf4 and fp4 differ only in the 16-value code): packed
+            // 4-bit values and an fp32 absmax per block of 64 (L917-918;
+            // backends/cuda/ops.py L391-392), the 16-entry fp32 code (L936).
+            // Double quantization (compress_statistics, L938-951) replaces the
+            // absmax by uint8 codes of (absmax - mean) in blocks of 256 with an
+            // fp32 absmax each, the 256-entry fp32 dynamic map and the fp32 mean.
             const std::int64_t blocks = (per + 63) / 64;
-            b = (per + 1) / 2 + blocks + 4 * ((blocks + 255) / 256) + 1024 + 64 + 4;
+            b = (per + 1) / 2 + 64 + (double_quant ? blocks + 4 * ((blocks + 255) / 256) + 1024 + 4 : 4 * blocks);
             break;
         }
         case Quant::Int4: {  // GPTQ group 128: packed int4 + fp16 scale + packed int4 zero per group
@@ -111,7 +149,13 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         check(req.gen_len >= 0, "gen-len", "--gen-len must be zero or positive (got " + std::to_string(req.gen_len) + ")");
         if (req.seq) check(*req.seq >= 1, "seq", "--seq must be a positive integer (got " + std::to_string(*req.seq) + ")");
         if (lora) check(req.lora_rank >= 1, "lora-rank", "--lora-rank must be a positive integer (got " + std::to_string(req.lora_rank) + ")");
+        if (req.decoder_seq) check(*req.decoder_seq >= 1, "decoder-seq", "--decoder-seq must be a positive integer (got " + std::to_string(*req.decoder_seq) + ")");
+        if (lora && req.lora_dropout)
+            check(*req.lora_dropout >= 0.0 && *req.lora_dropout <= 1.0, "lora-dropout",
+                  "--lora-dropout must be a probability in [0, 1] (got " + std::to_string(*req.lora_dropout) + ")");
 
+        // The framework's defaults (precision included) before gpumem's own.
+        FrameworkChoice fw = resolve_framework(req, train, g.transformer.has_value());
         if (!req.precision) req.precision = train ? Precision::AmpBF16 : Precision::BF16;
         if (!req.quant) req.quant = req.mode == Mode::QLora ? Quant::NF4 : Quant::None;
         if (req.mode == Mode::QLora && *req.quant == Quant::None)
@@ -121,6 +165,7 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
                  "--quant applies to frozen weights: use --mode qlora or --mode infer, or --quant none for full training");
         if (lora && req.lora_targets.empty()) req.lora_targets = default_lora_targets(g);
 
+        validate_features(req, train, job.warnings);  // memory/features.hpp
         const Precision prec = *req.precision;
         const bool amp = prec == Precision::AmpBF16 || prec == Precision::AmpFP16;
         const DType half = half_of(prec);
@@ -157,6 +202,29 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
 
         job.assumptions.insert(job.assumptions.end(), g.notes.begin(), g.notes.end());
 
+        // Encoder-decoder models (T5): the decoder's own length. Its tokens,
+        // self-attention scores and the cross-attention scores (decoder x
+        // encoder) follow it (SeqAxis, model/graph.hpp); --seq is the encoder's.
+        std::int64_t decoder_seq = 0;
+        const bool enc_dec = g.transformer && g.transformer->encoder_decoder;
+        if (enc_dec && train) {
+            decoder_seq = req.decoder_seq.value_or(seq);
+            try {
+                (void)Extent::per_token2(1).elements(req.batch, std::max(seq, decoder_seq));
+            } catch (const OverflowError&) {
+                fail(ErrorCode::Overflow, "decoder-seq",
+                     "--batch " + std::to_string(req.batch) + " with --decoder-seq " + std::to_string(decoder_seq) +
+                         ": tensor sizes overflow 64 bits; use a smaller batch or sequence");
+            }
+            job.assumptions.push_back(req.decoder_seq ? "decoder length " + std::to_string(decoder_seq) + " tokens (--decoder-seq), encoder " +
+                                                            std::to_string(seq) + " (--seq)"
+                                                      : "decoder length = encoder length = --seq (" + std::to_string(seq) +
+                                                            " tokens); --decoder-seq sets the decoder's");
+        } else if (req.decoder_seq) {
+            job.warnings.push_back(enc_dec ? "--decoder-seq is ignored for inference: generation starts the decoder from one token"
+                                           : "--decoder-seq is ignored: this model has no separate decoder (encoder-decoder models such as T5 only)");
+        }
+
         // ---- model states ------------------------------------------------------
         // Weight dtype: fp32 for fp32 and autocast (torch.autocast keeps fp32
         // parameters), 16-bit for pure fp16/bf16; LoRA/QLoRA bases are loaded
@@ -164,12 +232,37 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         DType wdt = stream;
         if (lora && prec != Precision::FP32) wdt = half;
         const Quant quant = *req.quant;
+        if (quant != Quant::None) {
+            const bool four = quant == Quant::NF4 || quant == Quant::FP4;
+            std::string a = std::string(to_string(quant)) + " linear weights (" +
+                            (four ? std::string("bitsandbytes Linear4bit, blocks of 64, double quantization ") + (req.double_quant ? "on" : "off")
+                                  : quant == Quant::Int8 ? std::string("bitsandbytes LLM.int8 Linear8bitLt") : std::string("GPTQ, groups of 128")) +
+                            "), lm_head " + (req.quantize_head ? "quantized too (--quantize-head, as LitGPT)" : "kept 16-bit (bitsandbytes/HF skip it)");
+            if (lora && quant == Quant::Int8) a += "; LLM.int8 layers keep their input for backward when it requires grad (MatMul8bitLt)";
+            if (lora && four)
+                a += req.bnb_4bit_saves_input ? "; 4-bit layers keep their input for backward (bitsandbytes < 0.43.2, --bnb-4bit-saves-input)"
+                                              : "; 4-bit layers keep only the packed weight for backward (bitsandbytes >= 0.43.2)";
+            job.assumptions.push_back(a);
+        }
         Bytes weights;
         std::vector<TrainTensor> trainable;
         std::int64_t largest_linear = 0;  // elements of the largest quantizable weight
         std::int64_t trainable_params = 0;
+        std::int64_t head_linear = 0;     // elements of a quantized output layer (--quantize-head)
         if (g.params_only > 0) {
-            weights = dtype_bytes(wdt, g.params_only);
+            if (quant != Quant::None) {
+                // No graph: every parameter is taken as the weight of one linear
+                // layer, quantized as such (its one-off constants counted once).
+                Param all;
+                all.shape = {1, g.params_only};
+                all.linear_weight = true;
+                weights = quantized_bytes(quant, all, wdt, req.double_quant, req.quantize_head);
+                job.assumptions.push_back(std::string("--params with --quant ") + to_string(quant) +
+                                          ": every parameter counted as a quantized linear weight (embeddings, norms and the output "
+                                          "layer, which stay 16-bit in a real model, included; per-row / per-tensor constants counted once)");
+            } else {
+                weights = dtype_bytes(wdt, g.params_only);
+            }
             if (!lora) {
                 trainable.push_back({{g.params_only}, 1});
                 trainable_params = g.params_only;
@@ -178,9 +271,11 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         } else {
             for (const auto& b : g.blocks)
                 for (const auto& p : b.params) {
-                    weights += quantized_bytes(quant, p, wdt) * b.repeat;
-                    if (p.linear_weight && !p.output_head && p.module != "lm_head" && p.shape.size() == 2)
+                    weights += quantized_bytes(quant, p, wdt, req.double_quant, req.quantize_head) * b.repeat;
+                    if (quantized_weight(p, quant, false))
                         largest_linear = std::max(largest_linear, checked_mul(p.shape[0], p.shape[1]));
+                    else if (quantized_weight(p, quant, req.quantize_head))
+                        head_linear = std::max(head_linear, checked_mul(p.shape[0], p.shape[1]));
                     if (train && !lora && p.trainable) {
                         trainable.push_back({p.shape, checked_mul(p.count, b.repeat)});
                         trainable_params = checked_add(trainable_params, checked_mul(p.numel(), b.repeat));
@@ -217,14 +312,22 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         // bitsandbytes 4-bit matmuls dequantize the whole weight to the compute
         // dtype for each call (bnb.functional.dequantize_4bit): one layer's worth
         // is in flight at a time. LLM.int8 multiplies in int8 and does not.
-        const Bytes dequant = (quant == Quant::NF4 || quant == Quant::Int4)
-                                  ? dtype_bytes(prec == Precision::FP32 ? DType::F32 : half, largest_linear)
-                                  : Bytes(0);
+        const DType compute_dt = prec == Precision::FP32 ? DType::F32 : half;
+        // LLM.int8's backward casts the int8 weight back to the input's dtype for
+        // the input gradient: `CB = state.CB.to(ctx.dtype_A, copy=True).mul_(...)`
+        // (bitsandbytes 95f9af30, bitsandbytes/autograd/_functions.py L236-238).
+        const bool int8_bwd = quant == Quant::Int8 && train;
+        const Bytes dequant = dequantizes(quant) || int8_bwd ? dtype_bytes(compute_dt, largest_linear) : Bytes(0);
+        const Bytes head_dequant = dequantizes(quant) || int8_bwd ? dtype_bytes(compute_dt, head_linear) : Bytes(0);
         // Adapters are kept in fp32 under autocast (PEFT autocast_adapter_dtype).
         // Megatron mixed precision (--distributed-optimizer with --precision
         // bf16/fp16): 16-bit parameters, fp32 main gradients, fp32 master weights
         // and Adam moments: 2 + 4 + 12 bytes per parameter (6 + 12/dp sharded).
-        const bool megatron = req.parallel.distributed_optimizer && !lora && (prec == Precision::BF16 || prec == Precision::FP16);
+        const bool megatron = (req.parallel.distributed_optimizer || fw.framework == Framework::Megatron) && !lora &&
+                              (prec == Precision::BF16 || prec == Precision::FP16);
+        // DeepSpeed's bf16 optimizer keeps fp32 master weights and optimizer
+        // states beside the bf16 parameters, as its fp16 one does.
+        const bool ds_bf16 = fw.framework == Framework::DeepSpeed && !lora && prec == Precision::BF16;
         const DType tdt = lora ? (amp || prec == Precision::FP32 ? DType::F32 : half) : (megatron ? DType::F32 : wdt);
         Bytes adapter_weights;
         if (lora) {
@@ -235,7 +338,7 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         DType state_dt = DType::F32;
         if (train) {
             grads = dtype_bytes(tdt, trainable_params);
-            if ((prec == Precision::FP16 && !lora) || megatron) {
+            if ((prec == Precision::FP16 && !lora) || megatron || ds_bf16) {
                 // fp16 weights and grads with an fp32 master copy (ZeRO paper's
                 // mixed precision, apex O2 / DeepSpeed fp16): 2 + 2 + 4 + optimizer.
                 master = dtype_bytes(DType::F32, trainable_params);
@@ -254,13 +357,37 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         if (lora && amp) actx.stream = half;  // 16-bit base: the residual stream is 16-bit
         actx.lowered = lowered;
         actx.autocast = amp;
-        actx.recompute = req.recompute;
+        actx.weight_cache = fw.policy == PrecisionPolicy::Autocast;
+        if (fw.policy == PrecisionPolicy::OwnCopies && amp && !lora) {
+            // FSDP2 MixedPrecisionPolicy: fp32 parameters, but the forward runs on
+            // bf16 copies and bf16 inputs; no autocast, the stream is 16-bit.
+            actx.autocast = false;
+            actx.stream = half;
+        }
+        actx.recompute = req.recompute.value_or(Recompute::None);
+        actx.recompute_every = req.recompute_every.value_or(1);
+        actx.activation_offload = fw.activation_offload;
+        if (train && fw.activation_offload && actx.recompute != Recompute::Full && actx.recompute != Recompute::Ops)
+            fail(ErrorCode::InvalidArgument, "activation-offload",
+                 "--activation-offload moves the checkpointed layers' inputs to CPU memory (torchtune, Unsloth): use it with --recompute full or ops");
+        if (req.recompute_every && actx.recompute != Recompute::Full && actx.recompute != Recompute::Ops)
+            fail(ErrorCode::InvalidArgument, "recompute-every", "--recompute-every chooses which layers are checkpointed: use it with --recompute full or ops");
         actx.attention = req.attention;
         actx.train_base = !lora;
         if (lora) {
             actx.lora_targets = req.lora_targets;
             actx.lora_rank = req.lora_rank;
+            actx.lora_dropout = req.lora_dropout.value_or(0.0);  // PEFT LoraConfig.lora_dropout default 0.0
+            actx.adapter = tdt;
+            job.assumptions.push_back(actx.lora_dropout > 0.0
+                                          ? "LoRA dropout " + fmt_prob(actx.lora_dropout) +
+                                                ": each adapter keeps its own dropped copy of its input and a 1-byte mask"
+                                          : std::string(req.lora_dropout ? "LoRA dropout 0" : "LoRA dropout 0 (PEFT's default; --lora-dropout)") +
+                                                ": nn.Identity, no copy or mask");
         }
+        actx.quant = *req.quant;
+        actx.quantize_head = req.quantize_head;
+        actx.bnb_4bit_saves_input = req.bnb_4bit_saves_input;
         {
             auto lay = resolve_layout(req.parallel, g, seq, req.grad_accum, job.gpu.gpus_per_node);
             if (!lay) throw InputError(lay.error());
@@ -273,6 +400,7 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         actx.ep = job.layout.cfg.ep;
         actx.capacity_factor = job.layout.cfg.capacity_factor;
         actx.seq = std::max<std::int64_t>(1, seq / std::max<std::int64_t>(1, job.layout.cfg.cp));
+        if (decoder_seq > 0) actx.decoder_seq = std::max<std::int64_t>(1, decoder_seq / std::max<std::int64_t>(1, job.layout.cfg.cp));
         if (megatron)
             job.assumptions.push_back("Megatron mixed precision: 16-bit parameters, fp32 main gradients, fp32 master weights and optimizer states");
         // The optimizer's implementation: the user's, else the framework's.
@@ -294,6 +422,10 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
             job.opt_impl = OptimizerImpl::Foreach;
         }
         req.optimizer_impl = job.opt_impl;
+        if (fw.rewrite.any()) job.graph = std::make_shared<const ModelGraph>(rewrite_graph(g, fw.rewrite));
+        if (ds_bf16) job.assumptions.push_back("DeepSpeed bf16: bf16 parameters and gradients, fp32 master weights and optimizer states");
+        job.assumptions.insert(job.assumptions.end(), fw.assumptions.begin(), fw.assumptions.end());
+        job.framework = std::move(fw);
         job.req = req;
         job.train = train;
         job.lora = lora;
@@ -317,6 +449,8 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         job.master = master;
         job.opt_states = opt_states;
         job.dequant = dequant;
+        job.head_dequant = head_dequant;
+        job.dequant_in_forward = dequantizes(quant);
         return job;
     });
 }

@@ -23,6 +23,7 @@
 
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/blocks.hpp"
+#include "gpumem/memory/features.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/graph.hpp"
 
@@ -62,7 +63,8 @@ InferencePieces inference_pieces(const ModelGraph& g, const Job& job) {
     return ip;
 }
 
-ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
+ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
+    const ModelGraph& g = job_graph(g_in, job);
     const Layout& lay = job.layout;
     const ParallelConfig& c = lay.cfg;
     ParallelResult res;
@@ -84,6 +86,13 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
     const bool shard_grads = lay.dp > 1 && (c.zero >= 2 || c.fsdp != Fsdp::None);
     const bool shard_opt = c.zero >= 1 || c.fsdp != Fsdp::None || c.distributed_optimizer;
     const bool offload_opt = c.offload_optimizer != Offload::None;
+    // Optimizer in backward (memory/features.hpp): no gradient outlives its
+    // hook; FSDP no_sync: gradients kept unsharded between micro-batches.
+    const bool inbwd = in_backward_optimizer(job);
+    const bool keep_unsharded = shard_grads && c.no_sync && lay.micro_batches > 1;
+    // Gradients made op by op (as without sharding) rather than as each
+    // layer's unsharded buffer reduce-scattered at its end.
+    const bool grads_per_op = !shard_grads || keep_unsharded;
     // Megatron mixed precision keeps one fp32 main-gradient buffer for the
     // whole model chunk from the start (param_and_grad_buffer.py); the
     // optimizer reads it in place, no fp32 copy.
@@ -98,10 +107,57 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
     // The logits are vocab-parallel over tp (whole.logits is this rank's share).
     Bytes logits_fp32, logits_low;
     if (td && whole.logits > Bytes(0)) {
-        logits_fp32 = dtype_bytes(DType::F32, checked_mul(checked_mul(job.req.batch, s_local), td->vocab)).ceil_div(t);
+        // (an encoder-decoder model's head reads the decoder's tokens)
+        const std::int64_t s_head = ctx.decoder_seq > 0 ? ctx.decoder_seq : s_local;
+        logits_fp32 = dtype_bytes(DType::F32, checked_mul(checked_mul(job.req.batch, s_head), td->vocab)).ceil_div(t);
         logits_low = whole.logits;
     }
     const Bytes held_output = td ? Bytes(0) : whole.loss_input;  // custom loops keep `out` through backward
+    // The loss kernel as the job runs it (model/rewrite.hpp), on this rank: the
+    // fp32 copy in flight, log_softmax's output, the loss input, what the ops
+    // after the output layer save, and whether they save the logits
+    // themselves. Loops that bind the logits hold them through the step
+    // (memory/framework.hpp), the previous micro-batch's during a forward.
+    Bytes loss_cast, loss_logp, loss_in, loss_saved;
+    bool logits_saved = false;
+    if (td && job.train && graph) {
+        const Block& hb = g.blocks.back();
+        const std::vector<char> split = tp_split_flags(hb);
+        const auto role_dt = [&](TensorId x) { return resolve_role(hb.tensors[static_cast<std::size_t>(x)].role, ctx); };
+        const auto bytes_of = [&](TensorId x) {
+            return activation_bytes(hb.tensors[static_cast<std::size_t>(x)], role_dt(x), split[static_cast<std::size_t>(x)] != 0, ctx);
+        };
+        const auto storage = [&](TensorId x) {
+            const TensorId a = hb.tensors[static_cast<std::size_t>(x)].alias_of;
+            return a >= 0 && role_dt(a) == role_dt(x) ? a : x;
+        };
+        std::size_t head_op = hb.ops.size();
+        for (std::size_t i = 0; i < hb.ops.size(); ++i)
+            if (is_output_head(hb.ops[i]) && !hb.ops[i].outputs.empty()) head_op = i;
+        if (head_op < hb.ops.size()) {
+            const TensorId logits = storage(hb.ops[head_op].outputs.front());
+            std::vector<TensorId> seen;
+            for (std::size_t i = head_op + 1; i < hb.ops.size(); ++i) {
+                const Op& op = hb.ops[i];
+                const auto named = [&](const char* suffix) {
+                    const std::string sfx(suffix);
+                    return op.name.size() >= sfx.size() && op.name.compare(op.name.size() - sfx.size(), sfx.size(), sfx) == 0;
+                };
+                if (op.kind == OpKind::Softmax && named(".log_softmax")) loss_logp = bytes_of(op.outputs.front());
+                if (named(".logits_float") && !op.outputs.empty() && storage(op.outputs.front()) == op.outputs.front())
+                    loss_cast = bytes_of(op.outputs.front());
+                if (op.kind == OpKind::Loss && !op.inputs.empty()) loss_in = bytes_of(op.inputs.front());
+                for (const SavedRef& sr : op.saved) {
+                    const TensorId st = storage(sr.tensor);
+                    if (role_dt(st) == DType::I64 || std::find(seen.begin(), seen.end(), st) != seen.end()) continue;
+                    seen.push_back(st);
+                    logits_saved = logits_saved || st == logits;
+                    loss_saved += bytes_of(st);
+                }
+            }
+        }
+    }
+    const Bytes held_logits = job.framework.logits == LogitsLifetime::Kept ? logits_low : Bytes(0);
 
     for (std::int64_t r = 0; r < p; ++r) {
         StageMemory sm;
@@ -110,13 +166,22 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
         // ---- model states ----------------------------------------------------------
         // Rounding: the allocator blocks of these persistent tensors exceed their
         // bytes (memory/blocks.hpp); kept apart so that the states stay exact.
-        Bytes W, G, M, O, round_states, round_grads;
+        Bytes W, G, M, O, P, round_states, round_grads;  // P: paged optimizer states (outside the allocator)
+        // Optimizer in backward: the largest tensor's gradient and update in
+        // flight at the embedding (first block), the layers, and the output layer.
+        Bytes inbwd_first, inbwd_tmp, inbwd_head;
+        auto inbwd_slot = [&](std::int32_t block) -> Bytes& {
+            if (block == 0) return inbwd_first;
+            if (td && block >= 0 && static_cast<std::size_t>(block) + 1 == g.blocks.size()) return inbwd_head;
+            return inbwd_tmp;
+        };
         std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
         auto rounding = [](Bytes each, std::int64_t n) { return (allocator_block(each) - each) * n; };
         for (const auto& rt : tensors) {
             W += rt.stored * rt.copies;
             round_states += rounding(rt.stored, rt.copies);
             if (!rt.adapter) params = checked_add(params, checked_mul(rt.elems, rt.copies));
+            if (job.train && rt.flat_grad > Bytes(0)) G += (shard_grads ? rt.flat_grad.ceil_div(rt.shard) : rt.flat_grad) * rt.copies;
             if (!rt.trainable || !job.train) continue;
             const std::int64_t ge = rt.sharded_elems(shard_grads), oe = rt.sharded_elems(shard_opt);
             G += dtype_bytes(job.tdt, ge) * rt.copies;
@@ -127,8 +192,19 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
                 round_states += rounding(dtype_bytes(DType::F32, oe), rt.copies);
             }
             const TrainTensor tt = state_tensor(g, rt, shard_opt, t);
-            O += optimizer_bytes(job.req.optimizer, tt, job.state_dt);
-            round_states += rounding(optimizer_bytes(job.req.optimizer, TrainTensor{tt.shape, 1}, job.state_dt), rt.copies);
+            // Paged optimizers: the managed-memory part is outside the allocator.
+            const Bytes paged = paged_state_bytes(job.req.optimizer, tt);
+            O += optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged;
+            P += paged;
+            round_states += rounding(optimizer_bytes(job.req.optimizer, TrainTensor{tt.shape, 1}, job.state_dt) -
+                                         paged_state_bytes(job.req.optimizer, TrainTensor{tt.shape, 1}),
+                                     rt.copies);
+            // One tensor's gradient and update in flight (unsharded gradients:
+            // its own; sharded: per layer below).
+            if (inbwd && !shard_grads) {
+                Bytes& slot = inbwd_slot(rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
+                slot = max(slot, in_backward_step(job, TrainTensor{tt.shape, 1}, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
+            }
             opt_elems = checked_add(opt_elems, checked_mul(oe, rt.copies));
             largest_opt = std::max(largest_opt, oe);
         }
@@ -136,6 +212,8 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
         sm.weights = W;
         sm.gradients = G;
         sm.optimizer_states = M + O;
+        sm.paged_optimizer_states = P;
+        if (inbwd) round_grads = Bytes(0);  // no gradient persists
         sm.master_weights = M;
 
         // ---- contents and activations per chunk --------------------------------------
@@ -145,7 +223,10 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
         std::int64_t first_layer = -1, layers = 0;
         // Gathered parameters / unsharded gradients at the layers (`_max`), the
         // first block (embeddings) and the output layer.
-        Bytes grad_pair, recompute, gather_max, block_grad_max, autocast_unsaved, dequant;
+        Bytes grad_pair, recompute, gather_max, block_grad_max, autocast_unsaved, dequant, hdq;
+        Bytes recompute_trailing;  // --recompute-every: freed before the first rebuild
+        Bytes recompute_largest;   // the rebuild's largest transient (not alive with the gradient pair)
+        bool any_recompute = false;
         Bytes gather_first, gather_first_fwd, gather_near_first, gather_head, grad_first, grad_head, head_saved;
         std::string ranges;  // "0-3, 16-19": the layers of each model chunk
         {
@@ -205,7 +286,12 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
                     if (td && bi + 1 == g.blocks.size()) head_saved = ba.total;
                     // The loss head's backward is the logits term below.
                     if (!(td && bi + 1 == g.blocks.size())) grad_pair = max(grad_pair, ba.grad_pair_net);
+                    if (ba.recompute_transient > Bytes(0)) {
+                        recompute_trailing = any_recompute ? std::min(recompute_trailing, ba.recompute_trailing) : ba.recompute_trailing;
+                        any_recompute = true;
+                    }
                     recompute = max(recompute, ba.recompute_transient);
+                    recompute_largest = max(recompute_largest, ba.recompute_largest);
                 }
                 chunk_act[static_cast<std::size_t>(ch)] = sum;
                 // One chunk's forward at a time holds autocast's cache.
@@ -227,17 +313,34 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
                     gather_of[bi] += half_unit * checked_mul(rt.elems, per_instance);
                     if (rt.trainable) {
                         grad_of[bi] += dtype_bytes(job.tdt, checked_mul(rt.elems, per_instance));
-                        kept_grad_of[bi] += dtype_bytes(job.tdt, checked_mul(rt.sharded_elems(shard_grads), per_instance));
+                        if (!inbwd)
+                            kept_grad_of[bi] += dtype_bytes(job.tdt, checked_mul(rt.sharded_elems(shard_grads && !keep_unsharded), per_instance));
+                    }
+                    if (rt.flat_grad > Bytes(0)) {  // FSDP1 + LoRA: frozen weights in a flat parameter that requires grad
+                        grad_of[bi] += rt.flat_grad * per_instance;
+                        kept_grad_of[bi] += (shard_grads && !keep_unsharded ? rt.flat_grad.ceil_div(rt.shard) : rt.flat_grad) * per_instance;
                     }
                 }
             // Sharded gradients are one allocation per layer instance (its slice after the reduce-scatter).
-            if (shard_grads)
+            if (shard_grads && !inbwd)
                 for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
                     std::int64_t inst = 0;
                     for (auto v : res.instance_stage[bi]) inst += (v % p) == r ? 1 : 0;
                     const Bytes one = grad_of[bi].ceil_div(std::max<std::int64_t>(1, lay.shard));
                     round_grads += (allocator_block(one) - one) * inst;
                 }
+            // Optimizer in backward under FSDP2: a layer's reduce-scattered slice,
+            // then its tensors stepped one by one (fully_shard's foreach_reduce
+            // runs each sharded parameter's post-accumulate-grad hooks:
+            // pytorch/pytorch 8fc2039decebd, torch/distributed/fsdp/_fully_shard/
+            // _fsdp_collectives.py foreach_reduce).
+            if (inbwd && shard_grads)
+                for (const auto& rt : tensors)
+                    if (rt.trainable && rt.block >= 0) {
+                        const Bytes slice = grad_of[static_cast<std::size_t>(rt.block)].ceil_div(std::max<std::int64_t>(1, lay.shard));
+                        Bytes& slot = inbwd_slot(rt.block);
+                        slot = max(slot, slice + step_temporaries(job, TrainTensor{state_tensor(g, rt, shard_opt, t).shape, 1}));
+                    }
             // Gradients each model chunk holds once it has run a backward.
             for (std::size_t bi = 0; bi < g.blocks.size(); ++bi)
                 for (auto v : res.instance_stage[bi])
@@ -256,7 +359,7 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
             // Per kind of block: the first (embeddings), the last (output layer,
             // loss) and the layers in between, each at its own moment of the step.
             auto kind_of = [&](std::size_t bi) { return bi == 0 ? 0 : (td && bi + 1 == g.blocks.size() ? 2 : 1); };
-            if (shard_grads)
+            if (!grads_per_op)
                 for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
                     Bytes& slot = kind_of(bi) == 0 ? grad_first : (kind_of(bi) == 2 ? grad_head : block_grad_max);
                     slot = max(slot, grad_of[bi]);
@@ -313,6 +416,7 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
                 }
             // 4-bit weights dequantized one layer at a time.
             if (job.dequant > Bytes(0) && has_layers) dequant = job.dequant.ceil_div(t);
+            if (job.head_dequant > Bytes(0) && head) hdq = job.head_dequant.ceil_div(t);
         }
 
         // Tied output layer whose embedding lives on this rank (pp = 1): its
@@ -427,9 +531,8 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
             const Bytes g_kept_exact = always ? G : g_at_peak;
             const Bytes g_kept = with_round(g_kept_exact);
             // Loss head on this rank (vocab-parallel over tp).
-            const Bytes lf = head ? logits_fp32 : Bytes(0);
             const Bytes ll = head ? logits_low : Bytes(0);
-            const bool low = job.actx.lowered != DType::F32;
+            const Bytes held_l = head ? held_logits : Bytes(0);
             const Bytes pipeline_grad_in = (p > 1 && r != p - 1) ? scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0) : Bytes(0);
             // The moments of a micro-batch's step where memory peaks, each as
             // (activations alive, temporaries); `base` is what is held throughout.
@@ -444,30 +547,49 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
             // Forward end: the logits and their fp32 copy live through the loss;
             // full recompute: autocast's weight-cast cache until forward returns.
             {
-                const Bytes at_head = ll + (low ? lf : Bytes(0)), at_layer = dequant;
+                // A quantized output layer (--quantize-head) dequantizes its weight
+                // before the logits exist; the fp32 copy comes after it is freed.
+                const Bytes at_head = (logits_saved ? Bytes(0) : ll) + max(head ? loss_cast : Bytes(0), job.dequant_in_forward ? hdq : Bytes(0)),
+                            at_layer = job.dequant_in_forward ? dequant : Bytes(0);
                 if (at_head + gather_head >= at_layer + gather_max)
-                    moments.push_back({"forward", act_peak, held_output + at_head + autocast_unsaved, gather_head});
+                    moments.push_back({"forward", act_peak, held_output + held_l + at_head + autocast_unsaved, gather_head});
                 else
-                    moments.push_back({"forward", act_peak, held_output + at_layer + autocast_unsaved, gather_max});
+                    moments.push_back({"forward", act_peak, held_output + held_l + at_layer + autocast_unsaved, gather_max});
             }
             if (head) {
                 // Backward of log_softmax: its fp32 output-gradient and input-gradient.
-                moments.push_back({"backward", act_peak, held_output + lf * 2 + grad_head, gather_head});
+                // (fused kernels: the gradient of the loss input only)
+                const Bytes loss_grad = loss_logp > Bytes(0) ? loss_logp + (loss_cast > Bytes(0) ? loss_cast : ll) : loss_in;
+                // (held logits the loss saved are in act_peak already)
+                moments.push_back({"backward", act_peak, held_output + (logits_saved ? Bytes(0) : held_l) + loss_grad + grad_head, gather_head});
                 // Backward of the output layer: log_softmax's saved output is gone; the
                 // logits' gradient and, when tied, the embedding-sized gradient.
                 // Its own weight's gradient: a new one (amp: a 16-bit gradient cast to
                 // fp32), or with accumulation one computed, added and freed.
                 Bytes own;
-                if (!shard_grads && !grad_buffer && head_wgrad > Bytes(0))
+                if (grads_per_op && !grad_buffer && head_wgrad > Bytes(0))
                     own = kept ? head_wgrad : head_wgrad + (job.amp && job.tdt == DType::F32 ? Bytes(head_wgrad.count() / 2) : Bytes(0));
-                moments.push_back({"backward", act_peak - std::min(act_peak, lf), held_output + ll + tied_grad + own + grad_head, gather_head});
+                if (inbwd) own = inbwd_head;  // stepped and freed in its hook
+                moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved), held_output + held_l + ll + tied_grad + own + grad_head + hdq, gather_head});
             }
             // The layers, one at a time: the largest gradient pair (with a
             // checkpointed layer rebuilt), the layer's gathered parameters and
             // unsharded gradients; the output layer's saved tensors are gone and a
             // tied output layer's gradient waits for the embedding's.
-            moments.push_back({"backward", act_peak - std::min(act_peak, head_saved),
-                               held_output + max(grad_pair, dequant) + recompute + tied_grad + block_grad_max + pipeline_grad_in, gather_max});
+            {
+                // With --recompute-every, the uncheckpointed layers after the last
+                // checkpointed one run their backward (no rebuild) and free their
+                // saves before the first rebuild.
+                const Bytes layers_act = act_peak - std::min(act_peak, head_saved);
+                const Bytes trail = std::min(layers_act, recompute_trailing);
+                const Bytes common = held_output + held_l + tied_grad + block_grad_max + pipeline_grad_in + inbwd_tmp;
+                if (trail > Bytes(0)) moments.push_back({"backward", layers_act, common + max(grad_pair, dequant), gather_max});
+                // The rebuilt layer's saves, with its largest forward transient or
+                // (later) its largest gradient pair, not both.
+                const Bytes rebuilt = recompute > Bytes(0) ? recompute - std::min(recompute, recompute_largest) + max(max(grad_pair, dequant), recompute_largest)
+                                                           : max(grad_pair, dequant);
+                moments.push_back({"backward", layers_act - trail, common + rebuilt, gather_max});
+            }
             Moment worst = moments.front();
             for (const auto& mo : moments)
                 if (mo.act + mo.tmp + mo.gather > worst.act + worst.tmp + worst.gather) worst = mo;
@@ -477,17 +599,20 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
             // next to its output's gradient and, when tied, the output layer's
             // contribution and the second one added out of place.
             const Bytes end_round = round_grads;  // every gradient exists by then
-            Bytes bwd_end = states + end_base + end_round + grad_pair + max(gather_max, gather_near_first) + block_grad_max;
+            // Optimizer in backward: no gradient is left, one tensor's step in
+            // flight (the first block's here unless it is the embedding, below).
+            const Bytes inbwd_end = embeddings ? inbwd_tmp : max(inbwd_tmp, inbwd_first);
+            Bytes bwd_end = states + held_l + end_base + end_round + grad_pair + max(gather_max, gather_near_first) + block_grad_max + inbwd_end;
             // Full recompute: the first layer is rebuilt with nearly every gradient made.
             if (has_layers && recompute > Bytes(0))
-                bwd_end = max(bwd_end, states + end_first_layer + end_round + grad_pair + recompute + max(gather_max, gather_near_first) + block_grad_max);
+                bwd_end = max(bwd_end, states + end_first_layer + end_round + grad_pair + recompute + max(gather_max, gather_near_first) + block_grad_max + inbwd_end);
             if (embeddings) {
-                const Bytes eg = shard_grads ? emb_grad.ceil_div(std::max<std::int64_t>(1, lay.shard)) : emb_grad;
-                const Bytes extra = (shard_grads ? grad_first : Bytes(0)) + tied_grad * (shard_grads ? 1 : 2) + gather_first +
+                const Bytes eg = !grads_per_op ? emb_grad.ceil_div(std::max<std::int64_t>(1, lay.shard)) : emb_grad;
+                const Bytes extra = (!grads_per_op ? grad_first : Bytes(0)) + tied_grad * (!grads_per_op ? 1 : 2) + gather_first +
                                     scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0);
                 if (end_emb_new_seen)
                     bwd_end = max(bwd_end, states + end_emb_new + end_round + extra +
-                                               (grad_buffer || shard_grads ? Bytes(0) : (job.amp && job.tdt == DType::F32 ? Bytes(eg.count() / 2) : Bytes(0))));
+                                               (inbwd ? inbwd_first : grad_buffer || !grads_per_op ? Bytes(0) : (job.amp && job.tdt == DType::F32 ? Bytes(eg.count() / 2) : Bytes(0))));
                 if (end_emb_acc_seen) bwd_end = max(bwd_end, states + end_emb_acc + end_round + extra + (grad_buffer ? Bytes(0) : eg));
             }
             // Optimizer step over this rank's tensors (torch/optim/adam.py):
@@ -498,7 +623,7 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
             // scaled update); fp16 weights with fp32 masters copy the gradients
             // to fp32 first (DeepSpeed / apex FP16_Optimizer).
             Bytes t_opt;
-            if (!offload_opt) {
+            if (!offload_opt && !inbwd) {
                 const Optimizer o = job.req.optimizer;
                 const bool adam_like = o == Optimizer::Adam || o == Optimizer::AdamW || o == Optimizer::Lion;
                 if (adam_like && job.opt_impl == OptimizerImpl::Foreach) t_opt = dtype_bytes(job.state_dt, opt_elems);
@@ -506,7 +631,8 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
                 else if (o == Optimizer::Adafactor) t_opt = dtype_bytes(DType::F32, largest_opt) * 2;
                 if (job.master > Bytes(0) && job.tdt != DType::F32) t_opt += dtype_bytes(DType::F32, opt_elems);
             }
-            const Bytes opt = states + G + round_grads + t_opt;
+            const Bytes G_step = inbwd ? Bytes(0) : G;  // optimizer in backward: optimizer.step() has nothing left to do
+            const Bytes opt = states + held_l + G_step + round_grads + t_opt;
             sm.forward_backward_peak = max(fb, bwd_end);
             sm.optimizer_peak = opt;
             sm.gradients_kept = kept;
@@ -516,16 +642,22 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
                 sm.allocated = opt;
                 sm.peak_phase = "optimizer";
                 sm.transient = t_opt;
-                sm.gradients_at_peak = G;
+                sm.gradients_at_peak = G_step;
                 sm.rounding = round_states + round_grads;
             } else {
                 sm.allocated = sm.forward_backward_peak;
                 sm.peak_phase = "backward";
                 if (bwd_end > fb) {
-                    sm.transient = sm.allocated - states - G - round_grads;
+                    // no_sync: the unsharded gradients kept between micro-batches.
+                    Bytes g_end = G_step;
+                    if (keep_unsharded) {
+                        g_end = Bytes(0);
+                        for (const Bytes& cg : chunk_grad) g_end += cg;
+                    }
+                    sm.transient = sm.allocated - states - g_end - round_grads;
                     sm.rounding = round_states + round_grads;
-                    sm.gradients_kept = true;
-                    sm.gradients_at_peak = G;
+                    sm.gradients_kept = !inbwd;
+                    sm.gradients_at_peak = g_end;
                     sm.activations_at_peak = Bytes(0);
                     sm.gathered_params = Bytes(0);
                 } else {
@@ -555,12 +687,12 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job) {
                 auto half = [&](std::int64_t len) { return dtype_bytes(ip.kv_dtype, checked_mul(checked_mul(job.req.batch, len), per_layer_tok / 2)); };
                 auto dequant_of = [&](const Block& b) {
                     std::vector<Bytes> dq(b.ops.size());
-                    if (job.quant == Quant::NF4 || job.quant == Quant::Int4)
+                    if (dequantizes(job.quant))
                         for (std::size_t o = 0; o < b.ops.size(); ++o)
                             if (b.ops[o].kind == OpKind::Linear)
                                 for (auto pi : b.ops[o].params) {
                                     const Param& prm = b.params[static_cast<std::size_t>(pi)];
-                                    if (prm.linear_weight && !prm.output_head && prm.module != "lm_head" && prm.shape.size() == 2)
+                                    if (quantized_weight(prm, job.quant, job.req.quantize_head))
                                         dq[o] = dtype_bytes(job.lowered, prm.shape[0] * prm.shape[1]).ceil_div(t);
                                 }
                     return dq;

@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "gpumem/memory/activations.hpp"
+#include "gpumem/memory/features.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/memory/parallel.hpp"
 
@@ -74,6 +75,12 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
         const Block& b = g.blocks[bi];
         const std::int64_t n = instances(bi);
         if (n == 0) continue;
+        // FSDP1 + LoRA: the layer's flat parameter requires grad (features.hpp).
+        bool flat_grads = fsdp1_flat_grads(job);
+        if (flat_grads) {
+            flat_grads = false;
+            for (const Op& op : b.ops) flat_grads = flat_grads || lora_applies(op, job.req.lora_targets);
+        }
         for (std::size_t pi = 0; pi < b.params.size(); ++pi) {
             const Param& prm = b.params[pi];
             const bool split = tp_split(prm);
@@ -89,8 +96,9 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
             t.trainable = job.train && !job.lora && prm.trainable;
             Param one = prm;
             one.count = 1;
-            Bytes w = quantized_bytes(job.quant, one, job.wdt);
+            Bytes w = quantized_bytes(job, one);
             if (split) w = w.ceil_div(tp);
+            if (flat_grads && !t.trainable) t.flat_grad = w;
             if (params_sharded) w = w.ceil_div(t.shard);
             t.stored = offload_params ? Bytes(0) : w;
             out.push_back(t);

@@ -16,18 +16,31 @@ using detail::enum_name;
 using detail::parse_enum;
 constexpr std::array<std::pair<const char*, Mode>, 4> kModes{{{"train", Mode::Train}, {"lora", Mode::Lora}, {"qlora", Mode::QLora}, {"infer", Mode::Infer}}};
 constexpr std::array<std::pair<const char*, Precision>, 5> kPrecisions{{{"fp32", Precision::FP32}, {"fp16", Precision::FP16}, {"bf16", Precision::BF16}, {"amp-fp16", Precision::AmpFP16}, {"amp-bf16", Precision::AmpBF16}}};
-constexpr std::array<std::pair<const char*, Optimizer>, 7> kOptimizers{{{"sgd", Optimizer::SGD}, {"sgd-momentum", Optimizer::SGDMomentum}, {"adam", Optimizer::Adam}, {"adamw", Optimizer::AdamW}, {"adamw-8bit", Optimizer::AdamW8bit}, {"adafactor", Optimizer::Adafactor}, {"lion", Optimizer::Lion}}};
-constexpr std::array<std::pair<const char*, Recompute>, 3> kRecompute{{{"none", Recompute::None}, {"selective", Recompute::Selective}, {"full", Recompute::Full}}};
+constexpr std::array<std::pair<const char*, Optimizer>, 9> kOptimizers{{{"sgd", Optimizer::SGD}, {"sgd-momentum", Optimizer::SGDMomentum}, {"adam", Optimizer::Adam}, {"adamw", Optimizer::AdamW}, {"adamw-8bit", Optimizer::AdamW8bit}, {"adafactor", Optimizer::Adafactor}, {"lion", Optimizer::Lion}, {"paged-adamw", Optimizer::PagedAdamW}, {"paged-adamw8bit", Optimizer::PagedAdamW8bit}}};
+constexpr std::array<std::pair<const char*, Recompute>, 4> kRecompute{{{"none", Recompute::None}, {"selective", Recompute::Selective}, {"full", Recompute::Full}, {"ops", Recompute::Ops}}};
 constexpr std::array<std::pair<const char*, Attention>, 2> kAttention{{{"eager", Attention::Eager}, {"flash", Attention::Flash}}};
-constexpr std::array<std::pair<const char*, Quant>, 4> kQuant{{{"none", Quant::None}, {"int8", Quant::Int8}, {"int4", Quant::Int4}, {"nf4", Quant::NF4}}};
+constexpr std::array<std::pair<const char*, Quant>, 5> kQuant{{{"none", Quant::None}, {"int8", Quant::Int8}, {"int4", Quant::Int4}, {"nf4", Quant::NF4}, {"fp4", Quant::FP4}}};
 constexpr std::array<std::pair<const char*, OptimizerImpl>, 3> kImpl{{{"foreach", OptimizerImpl::Foreach}, {"fused", OptimizerImpl::Fused}, {"for-loop", OptimizerImpl::ForLoop}}};
 constexpr std::array<std::pair<const char*, AllocatorKind>, 2> kAllocator{{{"pytorch", AllocatorKind::PyTorch}, {"none", AllocatorKind::None}}};
+constexpr std::array<std::pair<const char*, LoadDtype>, 2> kLoadDtype{{{"weights", LoadDtype::Weights}, {"fp32", LoadDtype::FP32}}};
 constexpr std::array<std::pair<const char*, ZeroGrad>, 2> kZeroGrad{{{"set-to-none", ZeroGrad::SetToNone}, {"zero", ZeroGrad::Zero}}};
+constexpr std::array<std::pair<const char*, Framework>, 10> kFrameworks{{{"hf", Framework::HF}, {"torchtune", Framework::Torchtune}, {"litgpt", Framework::LitGPT}, {"nanogpt", Framework::NanoGPT}, {"megatron", Framework::Megatron}, {"torchtitan", Framework::Torchtitan}, {"deepspeed", Framework::DeepSpeed}, {"axolotl", Framework::Axolotl}, {"unsloth", Framework::Unsloth}, {"llama-factory", Framework::LlamaFactory}}};
+constexpr std::array<std::pair<const char*, CrossEntropy>, 4> kCrossEntropy{{{"full", CrossEntropy::Full}, {"chunked", CrossEntropy::Chunked}, {"fused", CrossEntropy::Fused}, {"fused-linear", CrossEntropy::FusedLinear}}};
+constexpr std::array<std::pair<const char*, LogitsLifetime>, 2> kLogits{{{"freed", LogitsLifetime::Freed}, {"kept", LogitsLifetime::Kept}}};
+constexpr std::array<std::pair<const char*, Kernels>, 3> kKernels{{{"eager", Kernels::Eager}, {"fused", Kernels::Fused}, {"te", Kernels::TE}}};
+constexpr std::array<std::pair<const char*, Fp8Recipe>, 6> kFp8{{{"none", Fp8Recipe::None}, {"delayed", Fp8Recipe::Delayed}, {"current", Fp8Recipe::Current}, {"tensorwise", Fp8Recipe::Tensorwise}, {"rowwise", Fp8Recipe::Rowwise}, {"mxfp8", Fp8Recipe::MXFP8}}};
 }  // namespace
+
+const char* to_string(Framework v) { return enum_name(v, kFrameworks); }
+const char* to_string(CrossEntropy v) { return enum_name(v, kCrossEntropy); }
+const char* to_string(LogitsLifetime v) { return enum_name(v, kLogits); }
+const char* to_string(Kernels v) { return enum_name(v, kKernels); }
+const char* to_string(Fp8Recipe v) { return enum_name(v, kFp8); }
 
 const char* to_string(OptimizerImpl v) { return enum_name(v, kImpl); }
 const char* to_string(ZeroGrad v) { return enum_name(v, kZeroGrad); }
 const char* to_string(AllocatorKind v) { return enum_name(v, kAllocator); }
+const char* to_string(LoadDtype v) { return enum_name(v, kLoadDtype); }
 Result<AllocatorKind> parse_allocator(std::string_view s) { return parse_enum(s, kAllocator, "allocator"); }
 Result<OptimizerImpl> parse_optimizer_impl(std::string_view s) { return parse_enum(s, kImpl, "optimizer-impl"); }
 Result<ZeroGrad> parse_zero_grad(std::string_view s) { return parse_enum(s, kZeroGrad, "zero-grad"); }
@@ -119,7 +132,7 @@ namespace {
 // The job's own fields (not the time model's or another command's), for the
 // request object an estimate carries.
 bool job_group(const Field& f) {
-    static const char* kGroups[] = {"model", "job", "precision", "savers", "layout", "gpu"};
+    static const char* kGroups[] = {"model", "job", "precision", "savers", "framework", "layout", "gpu"};
     for (const char* g : kGroups)
         if (f.group == g) return true;
     return false;

@@ -603,6 +603,33 @@ TensorId t5_layer(Ctx& c, TensorId x, bool decoder, bool first, TensorId enc) {
     return B.add(x, f, ff + ".residual");
 }
 
+// An encoder-decoder model's decoder side (SeqAxis, model/graph.hpp): the
+// block's tensors are decoder tokens, except what is computed from the encoder
+// output alone (cross-attention k, v and their copies keep the encoder's
+// length); scores of decoder queries against encoder keys are Cross, and so is
+// what follows them until the weighted sum returns to decoder tokens.
+void set_decoder_axes(Block& b) {
+    // The block's input and new data are decoder tokens; the encoder output
+    // (the tensor shared with the encoder) has the encoder's length.
+    for (auto& t : b.tensors) t.axis = t.shared_key.empty() ? SeqAxis::Decoder : SeqAxis::Main;
+    for (const Op& op : b.ops) {
+        bool main = false, dec = false, cross = false;
+        for (auto t : op.inputs) {
+            const SeqAxis a = b.tensors[static_cast<std::size_t>(t)].axis;
+            main = main || a == SeqAxis::Main;
+            dec = dec || a == SeqAxis::Decoder;
+            cross = cross || a == SeqAxis::Cross;
+        }
+        for (auto t : op.outputs) {
+            auto& info = b.tensors[static_cast<std::size_t>(t)];
+            if (!info.shared_key.empty()) continue;
+            if (main && !dec && !cross) info.axis = SeqAxis::Main;
+            else if (info.extent.c2 != 0 && (cross || (main && dec))) info.axis = SeqAxis::Cross;
+            else info.axis = SeqAxis::Decoder;  // decoder tokens, decoder self-attention, new inputs
+        }
+    }
+}
+
 Block embeddings_block(const S& s, const Names& n, DType dt, std::vector<std::string>& notes, Act act) {
     BlockBuilder B("embeddings", 1, dt);
     Ctx c{s, n, B, notes, act};
@@ -736,6 +763,7 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
                 if (enc >= 0) B.block().tensors[static_cast<std::size_t>(enc)].shared_key = "encoder_hidden_states";
                 x = t5_layer(c, x, decoder, part == 0, enc);
                 g.blocks.push_back(B.finish(x));
+                if (decoder) set_decoder_axes(g.blocks.back());
             }
         };
         stack("encoder.layers", s.layers, false);
@@ -757,10 +785,10 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
             TensorId x = B.embedding(ids, s.vocab, h, "shared", Component::Embeddings, false);
             x = B.dropout(x, s.embd_dropout, "decoder.embed_dropout");
             g.blocks.push_back(B.finish(x));
+            set_decoder_axes(g.blocks.back());
         }
         stack("decoder.layers", s.decoder_layers, true);
-        g.notes.push_back("t5: decoder length assumed equal to encoder length; the encoder output read by cross-attention "
-                          "is an input of each decoder block");
+        g.notes.push_back("t5: the encoder output read by cross-attention is an input of each decoder block");
     } else {
         std::int64_t i = 0;
         while (i < s.layers) {
@@ -779,6 +807,7 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
     }
 
     g.blocks.push_back(head_block(s, n, weight_dtype, g.notes, act));
+    if (s.model_type == "t5") set_decoder_axes(g.blocks.back());  // the LM head reads the decoder
 
     TransformerDims d;
     d.layers = s.layers + (s.model_type == "t5" ? s.decoder_layers : 0);

@@ -15,14 +15,43 @@ struct Candidate {
     std::string key, title, flags, note;
     std::function<bool(EstimateRequest&)> apply;  // false: not applicable to this request
     bool same_gpus = true;                        // usable in the fitting combination
+    // The framework's own setting for this remedy ("" where it has none:
+    // the remedy is then not offered).
+    std::function<std::string(Framework)> setting;
 };
 
 bool training(Mode m) { return m != Mode::Infer; }
 
+// The checkpointing a request runs with (the framework's default when unset).
+Recompute recompute_of(const EstimateRequest& r) {
+    return r.recompute.value_or(framework_profile(r.framework.value_or(Framework::HF)).recompute);
+}
+
+// Where each framework exposes a lower-memory loss or activation offloading
+// (docs/frameworks.md cites the code); "" where it does not.
+std::string loss_setting(Framework f) {
+    switch (f) {
+        case Framework::HF: return "TrainingArguments(use_liger_kernel=True)";
+        case Framework::Axolotl: return "cut_cross_entropy: true";
+        case Framework::LlamaFactory: return "enable_liger_kernel: true";
+        case Framework::Torchtune: return "loss: _component_: torchtune.modules.loss.LinearCrossEntropyLoss";
+        default: return "";
+    }
+}
+std::string offload_setting(Framework f) {
+    switch (f) {
+        case Framework::Torchtune: return "enable_activation_offloading: True";
+        case Framework::HF: return "SFTConfig(activation_offloading=True) (TRL)";
+        case Framework::Axolotl: return "activation_offloading: true";
+        case Framework::Unsloth: return "use_gradient_checkpointing=\"unsloth\"";
+        default: return "";
+    }
+}
+
 std::vector<Candidate> candidates() {
     std::vector<Candidate> c;
     auto add = [&](std::string key, std::string title, std::string flags, std::string note, std::function<bool(EstimateRequest&)> f,
-                   bool same = true) { c.push_back({std::move(key), std::move(title), std::move(flags), std::move(note), std::move(f), same}); };
+                   bool same = true) { c.push_back({std::move(key), std::move(title), std::move(flags), std::move(note), std::move(f), same, {}}); };
     add("grad_accum", "gradient accumulation (half micro-batch, twice the steps)", "--batch B/2 --grad-accum 2G",
         "same global batch and result; more, smaller kernels", [](EstimateRequest& r) {
             if (!training(r.mode) || r.batch < 2) return false;
@@ -32,16 +61,35 @@ std::vector<Candidate> candidates() {
         });
     add("recompute_selective", "selective activation recompute", "--recompute selective", "recomputes the attention core in backward",
         [](EstimateRequest& r) {
-            if (!training(r.mode) || r.recompute != Recompute::None) return false;
+            if (!training(r.mode) || recompute_of(r) != Recompute::None) return false;
             r.recompute = Recompute::Selective;
             return true;
         });
     add("recompute_full", "full activation recompute (gradient checkpointing)", "--recompute full",
         "keeps only each layer's input; one extra forward", [](EstimateRequest& r) {
-            if (!training(r.mode) || r.recompute == Recompute::Full) return false;
+            if (!training(r.mode) || recompute_of(r) == Recompute::Full) return false;
             r.recompute = Recompute::Full;
             return true;
         });
+    add("fused_linear_ce", "fused linear cross-entropy (no logits materialised)", "--cross-entropy fused-linear",
+        "the output layer and loss run chunk by chunk; same loss", [](EstimateRequest& r) {
+            if (!training(r.mode) || r.cross_entropy == CrossEntropy::FusedLinear) return false;
+            const Framework f = r.framework.value_or(Framework::HF);
+            if (loss_setting(f).empty() || framework_profile(f).cross_entropy == CrossEntropy::FusedLinear) return false;
+            r.cross_entropy = CrossEntropy::FusedLinear;
+            return true;
+        });
+    c.back().setting = loss_setting;
+    add("activation_offload", "activation offloading to CPU (with full recompute)", "--recompute full --activation-offload",
+        "checkpointed layer inputs wait in pinned CPU memory; needs PCIe bandwidth", [](EstimateRequest& r) {
+            if (!training(r.mode) || r.activation_offload.value_or(false)) return false;
+            const Framework f = r.framework.value_or(Framework::HF);
+            if (offload_setting(f).empty() || framework_profile(f).activation_offload) return false;
+            if (recompute_of(r) != Recompute::Full && recompute_of(r) != Recompute::Ops) r.recompute = Recompute::Full;
+            r.activation_offload = true;
+            return true;
+        });
+    c.back().setting = offload_setting;
     add("flash_attention", "flash / SDPA attention", "--attention flash", "no s x s score matrices; usually faster", [](EstimateRequest& r) {
         if (r.attention == Attention::Flash) return false;
         r.attention = Attention::Flash;
@@ -219,6 +267,10 @@ Result<AdviceResult> advise(const AdviceRequest& ar) {
         t.title = c.title;
         t.flags = c.flags;
         t.note = c.note;
+        if (c.setting) {
+            const std::string key = c.setting(ar.base.framework.value_or(Framework::HF));
+            if (!key.empty()) t.note += " (" + std::string(to_string(ar.base.framework.value_or(Framework::HF))) + ": " + key + ")";
+        }
         EstimateRequest r = ar.base;
         if (!c.apply(r)) {
             t.applicable = false;

@@ -39,6 +39,21 @@ double ext(const Extent& e, double b, double s) {
     return b * (static_cast<double>(e.c0) + static_cast<double>(e.c1) * s + static_cast<double>(e.c2) * s * s);
 }
 
+// An op's FLOPs on the sequences its tensors live on (SeqAxis): an
+// encoder-decoder model's decoder side runs s_dec tokens; an op touching
+// cross-attention scores (the scores matmul, softmax, the weighted sum) works
+// on s_dec queries x s keys (memory/activations.cpp query_len / key_len).
+double op_ext(const Block& blk, const Op& op, double b, double s, double s_dec) {
+    if (s_dec == s || op.outputs.empty()) return ext(op.flops, b, s);
+    SeqAxis a = blk.tensors[static_cast<std::size_t>(op.outputs.front())].axis;
+    for (auto t : op.inputs)
+        if (blk.tensors[static_cast<std::size_t>(t)].axis == SeqAxis::Cross) a = SeqAxis::Cross;
+    if (a == SeqAxis::Main) return ext(op.flops, b, s);
+    const Extent& e = op.flops;
+    const double k = a == SeqAxis::Cross ? s : s_dec;
+    return b * (static_cast<double>(e.c0) + static_cast<double>(e.c1) * s_dec + static_cast<double>(e.c2) * s_dec * k);
+}
+
 DType compute_dtype(Precision p) {
     switch (p) {
         case Precision::FP32: return DType::F32;
@@ -75,7 +90,7 @@ double expert_weight_bytes(const ModelGraph& g, const Job& job) {
     for (const auto& blk : g.blocks)
         for (const auto& p : blk.params)
             if (p.component == Component::Experts && p.count == E)
-                bytes += static_cast<double>(quantized_bytes(job.quant, p, job.wdt).count()) * static_cast<double>(blk.repeat);
+                bytes += static_cast<double>(quantized_bytes(job, p).count()) * static_cast<double>(blk.repeat);
     return bytes;
 }
 
@@ -102,6 +117,10 @@ std::vector<ChunkWork> chunk_work(const ModelGraph& g, const Job& job, const std
     const std::int64_t vstages = std::max<std::int64_t>(1, lay.virtual_stages());
     const double split = static_cast<double>(std::max<std::int64_t>(1, lay.cfg.tp) * std::max<std::int64_t>(1, lay.cfg.cp));
     const bool flash = job.req.attention == Attention::Flash;
+    // The decoder's tokens per sample of an encoder-decoder model (training: --decoder-seq).
+    const double s_dec = job.actx.decoder_seq > 0 && job.seq > 0
+                             ? s * static_cast<double>(job.req.decoder_seq.value_or(job.seq)) / static_cast<double>(job.seq)
+                             : s;
     std::vector<ChunkWork> out(static_cast<std::size_t>(vstages));
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
         const Block& blk = g.blocks[bi];
@@ -115,7 +134,7 @@ std::vector<ChunkWork> chunk_work(const ModelGraph& g, const Job& job, const std
         double fwd_gemm = 0, fwd_fp8 = 0, fwd_attn = 0;
         for (const auto& op : blk.ops) {
             moe = moe || op.kind == OpKind::Experts || op.kind == OpKind::Router;
-            const double fw = ext(op.flops, b, s) / split;
+            const double fw = op_ext(blk, op, b, s, s_dec) / split;
             if (fw == 0) continue;
             bool frozen = false;
             if (op.kind == OpKind::Linear || op.kind == OpKind::Conv2d || op.kind == OpKind::Embedding) {
@@ -153,12 +172,18 @@ std::vector<ChunkWork> chunk_work(const ModelGraph& g, const Job& job, const std
                 fwd_gemm += a;
             }
         }
-        // Full recompute: one more forward of each checkpointed layer.
-        if (include_backward && blk.checkpointable && job.req.recompute == Recompute::Full) {
-            one.gemm += fwd_gemm;
-            one.gemm_fp8 += fwd_fp8;
-            one.attn += fwd_attn;
-            one.flops += fwd_gemm + fwd_fp8 + (executed > 0 ? fwd_attn / executed : 0.0);
+        // Full recompute: one more forward of each checkpointed layer (every
+        // N-th with --recompute-every); op-level selective: the matmuls whose
+        // outputs were not kept (every other one), attention kept.
+        if (include_backward && blk.checkpointable && (job.req.recompute == Recompute::Full || job.req.recompute == Recompute::Ops)) {
+            const double every = static_cast<double>(std::max<std::int64_t>(1, job.actx.recompute_every));
+            const double share = std::ceil(static_cast<double>(blk.repeat) / every) / static_cast<double>(std::max<std::int64_t>(1, blk.repeat));
+            const bool ops = job.req.recompute == Recompute::Ops;
+            const double gm = (ops ? 0.5 : 1.0) * share;
+            one.gemm += gm * fwd_gemm;
+            one.gemm_fp8 += gm * fwd_fp8;
+            if (!ops) one.attn += share * fwd_attn;
+            one.flops += gm * (fwd_gemm + fwd_fp8) + (ops || executed <= 0 ? 0.0 : share * fwd_attn / executed);
         }
         for (std::size_t k = 0; k < static_cast<std::size_t>(blk.repeat); ++k) {
             const std::int32_t v = bi < stage_of.size() && k < stage_of[bi].size() ? stage_of[bi][k] : 0;
@@ -220,7 +245,8 @@ ComputeEfficiency default_efficiency(const GpuSpec& g, DType compute) {
     return {0.45, 0.45, 0.30, "assumption: GDDR cards, the A100 fit lowered"};
 }
 
-Result<ComputeResult> compute_time(const ModelGraph& g, const Job& job, const EstimateResult& memory, const ComputeOptions& opt) {
+Result<ComputeResult> compute_time(const ModelGraph& g_in, const Job& job, const EstimateResult& memory, const ComputeOptions& opt) {
+    const ModelGraph& g = job_graph(g_in, job);
     // ---- validation -------------------------------------------------------------------
     if (opt.mfu && !(*opt.mfu > 0 && *opt.mfu <= 1))
         return bad("mfu", "--mfu must be in (0, 1] (got " + num(*opt.mfu) + ")");
@@ -278,8 +304,9 @@ Result<ComputeResult> compute_time(const ModelGraph& g, const Job& job, const Es
     const ComputeEfficiency eff = default_efficiency(gpu, tensor ? DType::BF16 : DType::F32);
     const double eta_gemm = opt.gemm_efficiency.value_or(eff.gemm);
     const double eta_attn = opt.attention_efficiency.value_or(eff.attention);
-    const bool fp8 = opt.fp8 && tensor && gpu.tflops_fp8 > 0 && !params_only;
-    if (opt.fp8 && !fp8)
+    const bool want_fp8 = opt.fp8 || job.req.fp8_recipe != Fp8Recipe::None;
+    const bool fp8 = want_fp8 && tensor && gpu.tflops_fp8 > 0 && !params_only;
+    if (want_fp8 && !fp8)
         r.assumptions.push_back("--fp8 ignored: " + (params_only ? std::string("--params jobs have no linears to run in FP8") : gpu.name + " has no FP8 tensor cores"));
     const double eta_fp8 = opt.fp8_efficiency.value_or(eff.gemm_fp8 > 0 ? eff.gemm_fp8 : eff.gemm);
     r.gemm_efficiency = eta_gemm;
@@ -445,9 +472,11 @@ Result<ComputeResult> compute_time(const ModelGraph& g, const Job& job, const Es
         }
         if (memory.parallel && slow < memory.parallel->stages.size()) {
             const StageMemory& st = memory.parallel->stages[slow];
-            state_bytes = static_cast<double>((st.weights + st.gradients + st.optimizer_states).count());
+            state_bytes = static_cast<double>((st.weights + st.gradients + st.optimizer_states + st.paged_optimizer_states).count());
         } else {
-            state_bytes = static_cast<double>((memory.per_gpu.weights + memory.per_gpu.gradients + memory.per_gpu.optimizer_states).count());
+            // Paged optimizer states (managed memory) are read and written too.
+            state_bytes = static_cast<double>(
+                (memory.per_gpu.weights + memory.per_gpu.gradients + memory.per_gpu.optimizer_states + memory.per_gpu.paged_optimizer_states).count());
         }
         const double dp_e = std::max(1.0, dp / ep);
         // Windows the reduction hides behind: the last micro-batch's backward

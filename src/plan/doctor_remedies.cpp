@@ -245,7 +245,7 @@ std::optional<Error> add_remedies(DoctorResult& d, const std::optional<EstimateR
                 v.req.recompute = Recompute::Full;
                 vars.push_back(v);
             }
-            if (br.recompute == Recompute::None) {
+            if (br.recompute.value_or(Recompute::None) == Recompute::None) {
                 Variant v{"recompute_selective", "selective activation recompute", "--recompute selective", br};
                 v.req.recompute = Recompute::Selective;
                 vars.push_back(v);

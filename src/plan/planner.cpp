@@ -155,9 +155,11 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     }
     // Selective recompute rebuilds the eager attention core; with fused
     // attention there is nothing to rebuild (same memory and time as none).
-    const std::vector<Recompute> recs = !pr.recompute.empty() ? pr.recompute
-                                        : pr.base.attention == Attention::Flash ? std::vector<Recompute>{Recompute::None, Recompute::Full}
-                                                                                : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
+    // Frameworks with op-level selective checkpointing (torchtitan) search it too.
+    std::vector<Recompute> recs = !pr.recompute.empty() ? pr.recompute
+                                  : pr.base.attention == Attention::Flash ? std::vector<Recompute>{Recompute::None, Recompute::Full}
+                                                                          : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
+    if (pr.recompute.empty() && pr.base.framework && framework_profile(*pr.base.framework).recompute == Recompute::Ops) recs.push_back(Recompute::Ops);
 
     std::vector<std::int64_t> tps;
     for (std::int64_t tp : pr.tp.empty() ? divisors(per_node) : pr.tp) {

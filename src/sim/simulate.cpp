@@ -6,6 +6,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "gpumem/memory/features.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/sim/step.hpp"
@@ -230,6 +231,9 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                                 ", allocator " + s.allocator + (s.alloc_conf.empty() ? "" : " (" + s.alloc_conf + ")"));
         if (s.oom && pg.total_device <= pg.capacity)
             r.warnings.push_back(s.oom_detail + " (fragmentation: the total fits but no free block is large enough)");
+        // Outside the step's allocator peak (analytic rows of the rank simulated):
+        // paged optimizer states and the load phase (memory/features.hpp).
+        finish_outside_allocator(r, g, par.stages[static_cast<std::size_t>(chosen)], r.parallel ? r.parallel->nccl_outside : Bytes(0));
         r.simulation = std::move(s);
         return r;
     });

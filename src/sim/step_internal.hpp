@@ -80,7 +80,10 @@ struct BlockPlan {
     std::vector<Bytes> dequant;       // per op: 4-bit weight dequantized for the matmul
     std::vector<Bytes> tied_grad;     // per op reading a weight owned elsewhere: its gradient on this rank
     std::vector<std::vector<Bytes>> param_grads;  // per op: one entry per trainable param tensor
+    std::vector<std::vector<std::int32_t>> param_index;  // per op: the block's param index of each param_grads entry
     std::vector<char> lora;
+    std::vector<AdapterInput> lora_in;  // per op: the adapter's cast / dropped copy of x and dropout mask
+    std::vector<char> quant_saves;      // per op: a frozen quantized linear keeping its input (bitsandbytes)
     std::vector<Bytes> lora_a, lora_b;
     std::vector<std::vector<Bytes>> lora_grads;
     bool checkpointed = false;
@@ -98,6 +101,8 @@ struct Instance {
     std::vector<std::int64_t> extra;               // selective recompute: kept q, k, v; SHARD_GRAD_OP: gathered parameters
     std::int64_t input = 0;                        // the block input (caller's)
     std::int64_t checkpoint = 0;                   // full recompute: reference on the input
+    bool checkpointed = false;                     // this instance is checkpointed (--recompute-every)
+    Bytes offloaded;                               // --activation-offload: its input, back from CPU for the recompute
     bool input_rg = false;
 };
 
@@ -113,7 +118,12 @@ public:
 private:
     Instance forward(const BlockPlan& p, std::int64_t input, bool input_rg, bool grad_mode, bool keep_saves, Bytes next_gather);
     std::int64_t backward(Instance& in, std::int64_t out_grad, Bytes next_gather);
-    void param_grad(Bytes bytes, std::int32_t label);
+    // A parameter gradient made (or accumulated); with the optimizer in
+    // backward the tensors of `step` (their optimizer-state shapes) are updated
+    // in its hook and the gradient freed (features.hpp).
+    void param_grad(Bytes bytes, std::int32_t label, const std::vector<std::vector<std::int64_t>>& step = {});
+    void step_in_backward(const std::vector<std::int64_t>& state_shape);
+    [[nodiscard]] std::vector<std::int64_t> param_state_shape(std::size_t block, std::int32_t param) const;
     std::int64_t gather(std::size_t plan, Bytes next);
     void workspace(bool autograd_thread);
     void rank_setup();
@@ -155,6 +165,12 @@ private:
     std::vector<Bytes> block_gather_;     // per plan: 16-bit parameters of one instance (tp-sharded)
     std::vector<Bytes> block_grad_;       // per plan: trainable gradients of one instance before reduce-scatter
     bool gather_ = false, shard_grads_ = false, shard_opt_ = false, grad_buffer_ = false, tied_owned_ = false;
+    bool inbwd_ = false;                  // optimizer in backward
+    bool no_sync_ = false;                // FSDP no_sync: unsharded gradients until the last micro-batch
+    bool final_mb_ = true;                // the backward running is the step's last micro-batch's
+    std::vector<Bytes> block_flat_;       // per plan: FSDP1 + LoRA frozen flat-parameter gradients of one instance
+    std::size_t slice_key_ = 0;           // no_sync: reduce-scattered slices by backward order
+    std::int32_t state_label_ = -1, temp_label_ = -1;
     std::int64_t bucket_ = 0;
     std::int64_t prefetched_ = 0;         // ZeRO-3 / FSDP: the next layer's parameters gathered early
     bool recomputing_ = false;            // a checkpointed layer's forward re-run in backward

@@ -3,6 +3,7 @@
 // updates, and set_to_none freeing every gradient (see gpumem/sim/step.hpp).
 #include <string>
 
+#include "gpumem/memory/features.hpp"
 #include "step_internal.hpp"
 
 namespace gpumem::sim::detail {
@@ -19,13 +20,17 @@ void StepBuilder::optimizer_step(int step) {
     // sharded); states are created lazily on the first step (torch.optim
     // _init_group); offloaded states live and update on the CPU.
     std::vector<std::int64_t> per;
-    if (job_.layout.cfg.offload_optimizer == Offload::None)
+    // Optimizer in backward: every tensor was stepped in its hook; step() has
+    // nothing to do and zero_grad nothing to free.
+    if (job_.layout.cfg.offload_optimizer == Offload::None && !inbwd_)
         for (const auto& rt : tensors_) {
             if (!rt.trainable) continue;
             const TrainTensor tt = state_tensor(g_, rt, shard_opt_, tp);
             for (std::int64_t k = 0; k < rt.copies; ++k) {
                 per.push_back(rt.sharded_elems(shard_opt_));
-                if (step == 0) states_.push_back(em_.alloc(optimizer_bytes(o, TrainTensor{tt.shape, 1}, sd), slabel));
+                // Paged optimizers keep the large states in managed memory (features.hpp).
+                if (step == 0)
+                    states_.push_back(em_.alloc(optimizer_bytes(o, TrainTensor{tt.shape, 1}, sd) - paged_state_bytes(o, TrainTensor{tt.shape, 1}), slabel));
             }
         }
     // fp16 with fp32 master weights: gradients are copied to fp32 for the update.

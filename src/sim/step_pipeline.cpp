@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 
+#include "gpumem/memory/features.hpp"
 #include "step_internal.hpp"
 
 namespace gpumem::sim {
@@ -42,6 +43,7 @@ void StepBuilder::rank_setup() {
     // gradients before the reduce-scatter.
     block_gather_.assign(plans_.size(), Bytes(0));
     block_grad_.assign(plans_.size(), Bytes(0));
+    block_flat_.assign(plans_.size(), Bytes(0));
     for (const auto& rt : tensors_) {
         if (rt.block < 0) continue;
         const auto bi = static_cast<std::size_t>(rt.block);
@@ -50,6 +52,10 @@ void StepBuilder::rank_setup() {
         const std::int64_t per_instance = rt.copies / std::max<std::int64_t>(1, inst);
         block_gather_[bi] += dtype_bytes(job_.half, checked_mul(rt.elems, per_instance));
         if (rt.trainable) block_grad_[bi] += dtype_bytes(job_.tdt, checked_mul(rt.elems, per_instance));
+        if (rt.flat_grad > Bytes(0)) {  // FSDP1 + LoRA (features.hpp): reduce-scattered with the layer's gradients
+            block_grad_[bi] += rt.flat_grad * per_instance;
+            block_flat_[bi] += rt.flat_grad * per_instance;
+        }
     }
     em_.mark();
 }
@@ -64,6 +70,7 @@ std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
     prev_result_refs_ = std::move(slot_result);
     result_refs_.clear();
     std::vector<Instance> stack;
+    std::int64_t ck_index = 0;
     std::int64_t x = 0;
     bool rg = false;
     const auto& units = chunks_[static_cast<std::size_t>(chunk)];
@@ -79,10 +86,20 @@ std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
         for (std::int64_t r = 0; r < n; ++r) {
             const Bytes next = r + 1 < n ? block_gather_[pi] : (u + 1 < units.size() ? block_gather_[units[u + 1].first] : Bytes(0));
             if (p.blk->name == "head") em_.phase = Phase::Loss;
-            Instance in = forward(p, x, rg, true, !p.checkpointed, next);
+            // Every N-th checkpointable instance of the chunk (memory/activations.hpp).
+            const bool ck = p.checkpointed && checkpointed_instance(ck_index++, job_.actx);
+            Instance in = forward(p, x, rg, true, !ck, next);
+            in.checkpointed = ck;
             const auto out_st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(p.blk->output)]);
-            if (p.checkpointed) in.checkpoint = x;  // keep our reference on the layer input
-            else em_.unref(x);
+            if (ck && job_.actx.activation_offload) {
+                // Copied to CPU memory; the GPU copy goes once the next layer has read it.
+                in.offloaded = p.bytes[static_cast<std::size_t>(p.storage[0])];
+                em_.unref(x);
+            } else if (ck) {
+                in.checkpoint = x;  // keep our reference on the layer input
+            } else {
+                em_.unref(x);
+            }
             x = in.gid[out_st];
             rg = in.rg[static_cast<std::size_t>(p.blk->output)] != 0;
             stack.push_back(std::move(in));
@@ -111,6 +128,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
     em_.phase = Phase::Backward;
     chunk_ = chunk;
     grad_key_ = 0;
+    slice_key_ = 0;
     std::int64_t g = 0;
     if (!last_vstage(chunk) && !stack.empty()) {
         // The gradient of this stage's output, received from the next stage.
@@ -136,8 +154,9 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
         Instance& in = *it;
         const auto pi = static_cast<std::size_t>(in.plan - plans_.data());
         const Bytes next = std::next(it) != stack.rend() ? block_gather_[static_cast<std::size_t>(std::next(it)->plan - plans_.data())] : Bytes(0);
-        if (in.plan->checkpointed) {
+        if (in.checkpointed) {
             // Re-run the layer's forward from the kept input, then its backward.
+            if (in.offloaded > Bytes(0)) in.checkpoint = em_.alloc(in.offloaded, em_.label(in.plan->blk->name + " input (back from CPU)"));
             recomputing_ = true;
             Instance re = forward(*in.plan, in.checkpoint, in.input_rg, true, true, Bytes(0));
             recomputing_ = false;
@@ -187,6 +206,8 @@ void StepBuilder::run() {
     shard_grads_ = lay.dp > 1 && (c.zero >= 2 || c.fsdp != Fsdp::None);
     shard_opt_ = c.zero >= 1 || c.fsdp != Fsdp::None || c.distributed_optimizer;
     grad_buffer_ = job_.train && job_.master > Bytes(0) && job_.tdt == DType::F32;
+    inbwd_ = in_backward_optimizer(job_);
+    no_sync_ = shard_grads_ && c.no_sync && job_.req.grad_accum > 1;
     for (const auto& rt : tensors_) tied_owned_ = tied_owned_ || rt.tied_copy;
     if (!job_.train) {
         inference();
@@ -222,6 +243,7 @@ void StepBuilder::run() {
             } else {
                 auto it = inflight.find(key);
                 if (it == inflight.end()) continue;
+                final_mb_ = op.micro_batch == m_sim - 1;  // no_sync: the step's reduce-scatter
                 backward_chunk(op.chunk, it->second);
                 inflight.erase(it);
             }
@@ -232,7 +254,8 @@ void StepBuilder::run() {
 
 }  // namespace detail
 
-StepTrace build_step_trace(const ModelGraph& g, const Job& job, const StepTraceOptions& opt) {
+StepTrace build_step_trace(const ModelGraph& g_in, const Job& job, const StepTraceOptions& opt) {
+    const ModelGraph& g = job_graph(g_in, job);
     StepTrace out;
     if (opt.parallel) {
         detail::StepBuilder(g, job, opt, out).run();

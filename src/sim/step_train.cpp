@@ -3,6 +3,7 @@
 // copies, recompute, and ZeRO-3 / FSDP parameter gathering (see gpumem/sim/step.hpp).
 #include <algorithm>
 
+#include "gpumem/memory/features.hpp"
 #include "step_internal.hpp"
 
 namespace gpumem::sim::detail {
@@ -59,7 +60,10 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
     p.dequant.assign(nops, Bytes(0));
     p.tied_grad.assign(nops, Bytes(0));
     p.param_grads.assign(nops, {});
+    p.param_index.assign(nops, {});
     p.lora.assign(nops, 0);
+    p.lora_in.assign(nops, AdapterInput{});
+    p.quant_saves.assign(nops, 0);
     p.lora_a.assign(nops, Bytes(0));
     p.lora_b.assign(nops, Bytes(0));
     p.lora_grads.assign(nops, {});
@@ -75,7 +79,10 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             const std::int64_t copies = prm.component == Component::Experts ? (prm.count + lay.cfg.ep - 1) / lay.cfg.ep : prm.count;
             elems = checked_add(elems, checked_mul(per, copies));
             if (job.train && !job.lora)
-                for (std::int64_t k = 0; k < copies; ++k) p.param_grads[o].push_back(dtype_bytes(job.tdt, per));
+                for (std::int64_t k = 0; k < copies; ++k) {
+                    p.param_grads[o].push_back(dtype_bytes(job.tdt, per));
+                    p.param_index[o].push_back(static_cast<std::int32_t>(pi));
+                }
         }
         if (op.params.empty() && op.kind == OpKind::Linear) {
             // A tied head is split like the embedding it shares (vocab-parallel).
@@ -83,19 +90,24 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             p.tied_grad[o] = dtype_bytes(job.tdt, elems);
         }
         // bitsandbytes 4-bit layers dequantize their weight to the compute dtype
-        // for every matmul (forward and backward), one layer at a time.
-        if ((job.quant == Quant::NF4 || job.quant == Quant::Int4) && op.kind == OpKind::Linear)
+        // for every matmul (forward and backward), one layer at a time; LLM.int8
+        // casts its weight back to 16 bits in backward only (job.cpp).
+        if ((dequantizes(job.quant) || (job.quant == Quant::Int8 && !inference)) && op.kind == OpKind::Linear)
             for (auto pi : op.params) {
                 const Param& prm = b.params[static_cast<std::size_t>(pi)];
-                if (prm.linear_weight && !prm.output_head && prm.module != "lm_head" && prm.shape.size() == 2)
+                if (quantized_weight(prm, job.quant, c.quantize_head))
                     p.dequant[o] = dtype_bytes(c.lowered, prm.shape[0] * prm.shape[1]).ceil_div(tp);
             }
-        if (!inference && c.autocast && !job.lora && job.wdt == DType::F32 && is_matmul(op.kind) && p.has_weight[o])
+        // bitsandbytes keeps a frozen quantized layer's input for backward when
+        // it requires grad (activations.cpp quantized_saves_input).
+        if (!inference && quantized_saves_input(c) && quantized_op(b, op, c.quant, c.quantize_head)) p.quant_saves[o] = 1;
+        if (!inference && c.autocast && c.weight_cache && !job.lora && job.wdt == DType::F32 && is_matmul(op.kind) && p.has_weight[o])
             p.weight_cast[o] = dtype_bytes(c.lowered, elems);
         if (job.lora && !inference && lora_applies(op, c.lora_targets)) {
             p.lora[o] = 1;
-            const std::int64_t rows = b.tensors[static_cast<std::size_t>(op.inputs.front())].extent.elements(c.batch, c.seq) /
-                                      std::max<std::int64_t>(1, op.in_features);
+            const auto x = static_cast<std::size_t>(op.inputs.front());
+            p.lora_in[o] = adapter_input(b, op, op.inputs.front(), p.dt[x], p.split[x] != 0, c);
+            const std::int64_t rows = activation_elements(b.tensors[x], c) / std::max<std::int64_t>(1, op.in_features);
             p.lora_a[o] = dtype_bytes(c.lowered, checked_mul(rows, c.lora_rank));
             p.lora_b[o] = dtype_bytes(c.lowered, checked_mul(rows, op.out_features));
             std::int64_t copies = op.params.empty() ? 1 : b.params[static_cast<std::size_t>(op.params.front())].count;
@@ -107,7 +119,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             }
         }
     }
-    p.checkpointed = !inference && c.recompute == Recompute::Full && b.checkpointable;
+    p.checkpointed = !inference && (c.recompute == Recompute::Full || c.recompute == Recompute::Ops) && b.checkpointable;
     return p;
 }
 
@@ -144,6 +156,10 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     const Block& b = *p.blk;
     const ActivationContext& c = job_.actx;
     const bool selective = c.recompute == Recompute::Selective && c.attention != Attention::Flash;
+    // Op-level selective checkpointing: a checkpointed instance keeps every
+    // other matmul's output and the fused attention outputs (op_sac_saved).
+    const bool sac = !keep_saves && grad_mode && c.recompute == Recompute::Ops && b.checkpointable;
+    std::int64_t mm = 0;
     Instance in;
     in.plan = &p;
     in.input = input;
@@ -205,8 +221,17 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
                 }
                 keep(o, in.gid[ost]);
                 // fp32 logsumexp [b, heads, s], heads split over tp.
-                in.saves[o].push_back(em_.alloc(dtype_bytes(DType::F32, (checked_mul(checked_mul(c.batch, s.heads), p.seq) + c.tp - 1) / std::max<std::int64_t>(1, c.tp)),
+                // (the queries' length: the decoder's for a decoder's attention, query_len)
+                const bool dec_q = b.tensors[static_cast<std::size_t>(s.q)].axis != SeqAxis::Main && c.decoder_seq > 0;
+                in.saves[o].push_back(em_.alloc(dtype_bytes(DType::F32, (checked_mul(checked_mul(c.batch, s.heads), dec_q ? c.decoder_seq : p.seq) + c.tp - 1) /
+                                                                            std::max<std::int64_t>(1, c.tp)),
                                                 em_.label(b.name + ".attention.logsumexp")));
+            }
+            if (rg && sac) {
+                em_.ref(in.gid[ost]);
+                in.extra.push_back(in.gid[ost]);
+                in.extra.push_back(em_.alloc(dtype_bytes(DType::F32, (checked_mul(checked_mul(c.batch, s.heads), p.seq) + c.tp - 1) / std::max<std::int64_t>(1, c.tp)),
+                                             em_.label(b.name + ".attention.logsumexp")));
             }
             for (auto t : {s.q, s.k, s.v}) read_done(t);
             if (uses[ost] == 0) em_.unref(in.gid[ost]);
@@ -218,7 +243,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
         const bool lora = grad_mode && p.lora[o];
         const bool any_grad = grad_mode && (any_in_rg || base_tr || lora);
         std::vector<std::size_t> unread;
-        const std::int64_t dq = em_.alloc(p.dequant[o], p.label[static_cast<std::size_t>(op.outputs.empty() ? 0 : op.outputs.front())]);
+        const std::int64_t dq = em_.alloc(job_.dequant_in_forward ? p.dequant[o] : Bytes(0), p.label[static_cast<std::size_t>(op.outputs.empty() ? 0 : op.outputs.front())]);
         for (auto t : op.outputs) {
             const auto ti = static_cast<std::size_t>(t);
             in.rg[ti] = (any_grad && op.kind != OpKind::Input) ? 1 : 0;
@@ -258,13 +283,21 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
             }
         }
         em_.unref(dq);
+        if (sac && op.kind == OpKind::Linear && !op.outputs.empty() && (++mm % 2) == 1) {
+            const auto id = in.gid[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.outputs.front())])];
+            em_.ref(id);
+            in.extra.push_back(id);
+        }
         if (grad_mode && is_output_head(op) &&
             !op.outputs.empty()) {
             // `logits` is a local of the model's forward: alive through the loss,
-            // dropped when forward returns (the Trainer keeps only the loss).
+            // dropped when forward returns (the Trainer keeps only the loss);
+            // loops that bind it (nanoGPT's `logits, loss = model(X, Y)`) hold
+            // it until the next micro-batch rebinds it.
             const auto id = in.gid[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.outputs.front())])];
             em_.ref(id);
-            forward_refs_.push_back(id);
+            if (job_.framework.logits == LogitsLifetime::Kept) result_refs_.push_back(id);
+            else forward_refs_.push_back(id);
         }
         if (is_matmul(op.kind)) workspace(false);
         // Autocast caches a 16-bit copy of each fp32 weight for the forward; the
@@ -284,18 +317,45 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
                 else
                     keep(o, in.gid[st]);
             }
+        // A frozen quantized linear keeping its input (bitsandbytes MatMul8bitLt,
+        // MatMul4Bit before 0.43.2; activations.cpp quantized_saves_input): the
+        // input itself, or the 4-bit layer's cast of it to the compute dtype.
+        if (record && any_in_rg && !base_tr && p.quant_saves[o]) {
+            const auto x = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.inputs.front())]);
+            if (job_.quant == Quant::Int8 || p.dt[x] == c.lowered) keep(o, in.gid[x]);
+            else in.saves[o].push_back(em_.alloc(tensor_bytes(p, x, c.lowered, c), p.label[x]));
+        }
         if (lora) {
-            // lora_A(x) keeps x (under autocast its own 16-bit cast of an fp32 x);
-            // lora_B keeps A's [rows, r] output; B's output is added in.
-            if (keep_saves) {
-                const auto x = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.inputs.front())]);
-                if (c.autocast && p.dt[x] != c.lowered) in.saves[o].push_back(em_.alloc(tensor_bytes(p, x, c.lowered, c), p.label[x]));
-                else keep(o, in.gid[x]);
+            // PEFT lora.Linear (activations.cpp adapter_input): x cast to the
+            // adapters' dtype (kept by the layer's local `x` until it returns),
+            // dropout's output and bool mask, lora_A's saved input (x itself, its
+            // own autocast cast, or the cast / dropped tensor); lora_B keeps A's
+            // [rows, r] output; B's output is added in.
+            const AdapterInput& ai = p.lora_in[o];
+            const std::int32_t il = em_.label(b.name + "." + op.name + ".lora_input");
+            const std::int64_t cv = em_.alloc(ai.convert, il);
+            std::int64_t dropped = 0;
+            if (ai.mask > Bytes(0)) {
+                dropped = em_.alloc(ai.dropped, il);
+                const auto m = em_.alloc(ai.mask, em_.label(b.name + "." + op.name + ".lora_dropout.mask"));
+                if (keep_saves) in.saves[o].push_back(m);
+                else em_.unref(m);
+            }
+            if (ai.saves_x) {
+                if (keep_saves) keep(o, in.gid[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.inputs.front())])]);
+            } else if (ai.cast) {
+                const auto cc = em_.alloc(ai.copy, il);
+                if (keep_saves) in.saves[o].push_back(cc);
+                else em_.unref(cc);
+            } else if (keep_saves) {
+                keep(o, dropped != 0 ? dropped : cv);
             }
             const auto a = em_.alloc(p.lora_a[o], em_.label(b.name + "." + op.name + ".lora_A"));
             if (keep_saves) in.saves[o].push_back(a);
             else em_.unref(a);
+            em_.unref(dropped);  // dropout's output: a temporary of the expression
             em_.transient(p.lora_b[o], em_.label(b.name + "." + op.name + ".lora_B"));
+            em_.unref(cv);
         }
         if (op.kind == OpKind::Loss && grad_mode) {
             // `loss = loss_fn(out)`: a 4-byte fp32 scalar the loop keeps until the
@@ -318,7 +378,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     return in;
 }
 
-void StepBuilder::param_grad(Bytes bytes, std::int32_t label) {
+void StepBuilder::param_grad(Bytes bytes, std::int32_t label, const std::vector<std::vector<std::int64_t>>& step) {
     // Callers pass their block's activation-gradient label; parameter
     // gradients get their own so that reports can tell them apart.
     (void)label;
@@ -342,6 +402,48 @@ void StepBuilder::param_grad(Bytes bytes, std::int32_t label) {
         // Accumulation: the new gradient is computed, added in place and freed.
         em_.transient(bytes, label);
     }
+    // Optimizer in backward: the post-accumulate-grad hook steps the tensor(s)
+    // and zero_grad(set_to_none=True) frees the gradient (features.hpp).
+    if (inbwd_ && !step.empty()) {
+        for (const auto& shape : step) step_in_backward(shape);
+        em_.unref(slot);
+        slot = 0;
+    }
+}
+
+std::vector<std::int64_t> StepBuilder::param_state_shape(std::size_t block, std::int32_t param) const {
+    const std::int64_t tp = std::max<std::int64_t>(1, job_.layout.cfg.tp);
+    for (const auto& rt : tensors_)
+        if (rt.block == static_cast<std::int32_t>(block) && rt.param == param) return state_tensor(g_, rt, shard_opt_, tp).shape;
+    return {};
+}
+
+// One tensor's update in its hook: states created by its first step
+// (torch.optim _init_group; paged parts outside the allocator), then the
+// update's temporaries as optimizer_step() makes them for every tensor.
+void StepBuilder::step_in_backward(const std::vector<std::int64_t>& shape) {
+    const Optimizer o = job_.req.optimizer;
+    const TrainTensor one{shape, 1};
+    if (state_label_ < 0) {
+        state_label_ = em_.label(std::string("optimizer state (") + to_string(o) + ")");
+        temp_label_ = em_.label(std::string("optimizer temporary (") + to_string(job_.opt_impl) + ")");
+    }
+    if (em_.step == 0) states_.push_back(em_.alloc(optimizer_bytes(o, one, job_.state_dt) - paged_state_bytes(o, one), state_label_));
+    const std::int64_t e = one.numel();
+    const DType sd = job_.state_dt;
+    std::int64_t master = 0;
+    if (job_.master > Bytes(0) && job_.tdt != DType::F32) master = em_.alloc(dtype_bytes(DType::F32, e), temp_label_);
+    const bool adam_like = o == Optimizer::Adam || o == Optimizer::AdamW || o == Optimizer::Lion;
+    if (adam_like && job_.opt_impl == OptimizerImpl::Foreach) {
+        em_.transient(dtype_bytes(sd, e), temp_label_);
+    } else if ((adam_like && job_.opt_impl == OptimizerImpl::ForLoop) || o == Optimizer::Adafactor) {
+        const DType dt = o == Optimizer::Adafactor ? DType::F32 : sd;
+        const auto a = em_.alloc(dtype_bytes(dt, e), temp_label_);
+        const auto b = em_.alloc(dtype_bytes(dt, e), temp_label_);
+        em_.unref(a);
+        em_.unref(b);
+    }
+    em_.unref(master);
 }
 
 std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes next_gather) {
@@ -359,8 +461,19 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
     const auto pi = static_cast<std::size_t>(in.plan - plans_.data());
     std::int64_t gathered = 0, full_grads = 0;
     std::vector<std::int64_t> tied_done;  // tied-weight gradients folded into this block's reduce-scatter
+    // Gradients made op by op (unsharded: no sharding, or FSDP under no_sync),
+    // else as the layer's one unsharded buffer reduce-scattered at its end.
+    const bool per_op = !shard_grads_ || no_sync_;
+    const std::size_t first_key = grad_key_;
     if (gather_ && job_.layout.cfg.fsdp != Fsdp::GradOp) gathered = gather(pi, next_gather);
-    if (shard_grads_ && block_grad_[pi] > Bytes(0)) full_grads = em_.alloc(block_grad_[pi], glabel);
+    if (shard_grads_ && !no_sync_ && block_grad_[pi] > Bytes(0)) full_grads = em_.alloc(block_grad_[pi], glabel);
+    if (per_op && block_flat_[pi] > Bytes(0)) {
+        // FSDP1 + LoRA: the flat parameter's gradient over the frozen weights.
+        if (param_grad_label_ < 0) param_grad_label_ = em_.label("parameter gradients");
+        std::int64_t& slot = grads_[std::make_pair(chunk_, grad_key_++)];
+        if (slot == 0) slot = em_.alloc(block_flat_[pi], param_grad_label_);
+        else em_.transient(block_flat_[pi], param_grad_label_);
+    }
 
     auto grad_for = [&](TensorId t) {
         const auto st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(t)]);
@@ -419,7 +532,7 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
             const std::int64_t dq = em_.alloc(p.dequant[o], glabel);
             for (auto t : op.inputs) {
                 const auto ti = static_cast<std::size_t>(t);
-                if (p.dt[ti] == DType::I64 || p.dt[ti] == DType::Bool) continue;
+                if (p.dt[ti] == DType::I64 || p.dt[ti] == DType::Bool || p.dt[ti] == DType::F8_E4M3) continue;
                 grad_for(t);
             }
             em_.unref(dq);
@@ -427,14 +540,14 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
             if (base_tr && op.params.empty() && op.kind == OpKind::Linear) {
                 if (tied_owned_) {
                     // The last pipeline stage's own copy of the tied embedding.
-                    if (!shard_grads_) param_grad(p.tied_grad[o], glabel);
+                    if (per_op) param_grad(p.tied_grad[o], glabel);
                 } else {
                     // A tied weight (lm_head sharing the embedding): its gradient waits
                     // for the owner's contribution.
                     tied_grads_.emplace_back(p.tied_grad[o], em_.alloc(p.tied_grad[o], glabel));
                 }
             }
-            if (base_tr && shard_grads_ && !tied_grads_.empty())
+            if (base_tr && !per_op && !tied_grads_.empty())
                 // Sharded gradients: the owner's contribution goes into the layer's
                 // unsharded gradient, reduce-scattered below with the tied one.
                 for (const Bytes& pg : p.param_grads[o]) {
@@ -443,24 +556,35 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
                     tied_done.push_back(tied->second);
                     tied_grads_.erase(tied);
                 }
-            if (base_tr && !shard_grads_)
-                for (const Bytes& pg : p.param_grads[o]) {
+            if (base_tr && per_op)
+                for (std::size_t k = 0; k < p.param_grads[o].size(); ++k) {
+                    const Bytes& pg = p.param_grads[o][k];
+                    std::vector<std::vector<std::int64_t>> step;
+                    if (inbwd_) step.push_back(param_state_shape(pi, p.param_index[o][k]));
                     auto tied = std::find_if(tied_grads_.begin(), tied_grads_.end(), [&](const auto& t) { return t.first == pg; });
                     if (tied != tied_grads_.end()) {
                         // AccumulateGrad adds the second contribution out of place.
                         const auto contrib = em_.alloc(pg, glabel);
-                        param_grad(pg, glabel);
+                        param_grad(pg, glabel, step);
                         em_.unref(contrib);
                         em_.unref(tied->second);
                         tied_grads_.erase(tied);
                     } else {
-                        param_grad(pg, glabel);
+                        param_grad(pg, glabel, step);
                     }
                 }
             if (p.lora[o]) {
                 em_.transient(p.lora_a[o], glabel);
-                if (!shard_grads_)
-                    for (const Bytes& lg : p.lora_grads[o]) param_grad(lg, glabel);
+                if (per_op)
+                    for (std::size_t k = 0; k < p.lora_grads[o].size(); ++k) {
+                        // Adapters in pairs: A [r, in], then B [out, r].
+                        const Op& lop = b.ops[o];
+                        std::vector<std::vector<std::int64_t>> step;
+                        if (inbwd_)
+                            step.push_back(k % 2 == 0 ? std::vector<std::int64_t>{c.lora_rank, lop.in_features}
+                                                      : std::vector<std::int64_t>{lop.out_features, c.lora_rank});
+                        param_grad(p.lora_grads[o][k], glabel, step);
+                    }
             }
             // Gradients of this op's outputs are complete and consumed.
             for (auto t : op.outputs) {
@@ -478,9 +602,35 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
     for (auto id : in.extra) em_.unref(id);
     in.extra.clear();
     if (full_grads != 0) {
-        // Reduce-scatter: each rank keeps its shard of the layer's gradients.
-        param_grad(block_grad_[pi].ceil_div(job_.layout.shard), glabel);
+        // Reduce-scatter: each rank keeps its shard of the layer's gradients;
+        // with the optimizer in backward fully_shard then runs each sharded
+        // parameter's hooks (features.hpp).
+        std::vector<std::vector<std::int64_t>> step;
+        if (inbwd_) {
+            const std::int64_t tp = std::max<std::int64_t>(1, job_.layout.cfg.tp);
+            for (const auto& rt : tensors_) {
+                if (!rt.trainable || rt.block != static_cast<std::int32_t>(pi)) continue;
+                std::int64_t inst = 0;
+                for (auto v : par_->instance_stage[pi]) inst += (v % pp_) == rank_ ? 1 : 0;
+                for (std::int64_t k = 0; k < rt.copies / std::max<std::int64_t>(1, inst); ++k) step.push_back(state_tensor(g_, rt, shard_opt_, tp).shape);
+            }
+        }
+        param_grad(block_grad_[pi].ceil_div(job_.layout.shard), glabel, step);
         em_.unref(full_grads);
+    } else if (shard_grads_ && no_sync_ && final_mb_ && block_grad_[pi] > Bytes(0)) {
+        // no_sync's last micro-batch: the accumulated unsharded gradients are
+        // reduce-scattered into this rank's slice, then freed.
+        if (param_grad_label_ < 0) param_grad_label_ = em_.label("parameter gradients");
+        std::int64_t& slot = grads_[std::make_pair(-1 - chunk_, slice_key_++)];
+        const Bytes slice = block_grad_[pi].ceil_div(job_.layout.shard);
+        if (slot == 0) slot = em_.alloc(slice, param_grad_label_);
+        else em_.transient(slice, param_grad_label_);
+        for (std::size_t k = first_key; k < grad_key_; ++k) {
+            auto it = grads_.find(std::make_pair(chunk_, k));
+            if (it == grads_.end() || it->second == 0) continue;
+            em_.unref(it->second);
+            it->second = 0;
+        }
     }
     for (auto id : tied_done) em_.unref(id);
     em_.unref(gathered);

@@ -69,8 +69,10 @@ class EstimateDictPerGpu(TypedDict, total=False):
     fits: bool
     gradients: int
     kv_cache: int
+    load_peak: int
     master_weights: int
     optimizer_states: int
+    paged_optimizer_states: int
     peak_allocated: int
     peak_phase: str
     peak_reserved: int
@@ -79,34 +81,47 @@ class EstimateDictPerGpu(TypedDict, total=False):
     weights: int
 
 class EstimateDictRequest(TypedDict, total=False):
+    activation_offload: bool
     alloc_conf: str
     allocator: str
     analytic: bool
     attention: str
     batch: int
     capacity_factor: float
+    compile: bool
     cp: int
+    cross_entropy: str
     cuda_lazy_loading: bool
     distributed_optimizer: bool
+    double_quant: bool
     ep: int
+    fp8_recipe: str
+    framework: str
     fsdp: str
+    fsdp_version: int
     gpu: str
     gpus: int
     gpus_per_node: int
     grad_accum: int
+    kernels: str
+    load_dtype: str
+    logits: str
     mode: str
     model: str
+    no_sync: bool
     nodes: int
     offload_optimizer: str
     offload_params: str
     optimizer: str
     optimizer_impl: str
+    optimizer_in_backward: bool
     pp: int
     pp_embedding_layer: bool
     pp_loss_layer: bool
     pp_schedule: str
     precision: str
     quant: str
+    quantize_head: bool
     recompute: str
     seq: int
     sp: bool
@@ -115,6 +130,7 @@ class EstimateDictRequest(TypedDict, total=False):
     zero: int
     zero_grad: str
     gen_len: int
+    bnb_4bit_saves_input: bool
     lora_rank: int
     lora_targets: List[str]
     params: int
@@ -564,34 +580,47 @@ class Timeline(Result):
 class Snapshot(Result): ...
 
 class DoctorDictBaselineRequest(TypedDict, total=False):
+    activation_offload: bool
     alloc_conf: str
     allocator: str
     analytic: bool
     attention: str
     batch: int
     capacity_factor: float
+    compile: bool
     cp: int
+    cross_entropy: str
     cuda_lazy_loading: bool
     distributed_optimizer: bool
+    double_quant: bool
     ep: int
+    fp8_recipe: str
+    framework: str
     fsdp: str
+    fsdp_version: int
     gpu: str
     gpus: int
     gpus_per_node: int
     grad_accum: int
+    kernels: str
+    load_dtype: str
+    logits: str
     mode: str
     model: str
+    no_sync: bool
     nodes: int
     offload_optimizer: str
     offload_params: str
     optimizer: str
     optimizer_impl: str
+    optimizer_in_backward: bool
     pp: int
     pp_embedding_layer: bool
     pp_loss_layer: bool
     pp_schedule: str
     precision: str
     quant: str
+    quantize_head: bool
     recompute: str
     seq: int
     sp: bool
@@ -644,34 +673,47 @@ class DoctorDictNumbers(TypedDict, total=False):
     usable: int
 
 class DoctorDictRemediesItemPredictionRequest(TypedDict, total=False):
+    activation_offload: bool
     alloc_conf: str
     allocator: str
     analytic: bool
     attention: str
     batch: int
     capacity_factor: float
+    compile: bool
     cp: int
+    cross_entropy: str
     cuda_lazy_loading: bool
     distributed_optimizer: bool
+    double_quant: bool
     ep: int
+    fp8_recipe: str
+    framework: str
     fsdp: str
+    fsdp_version: int
     gpu: str
     gpus: int
     gpus_per_node: int
     grad_accum: int
+    kernels: str
+    load_dtype: str
+    logits: str
     mode: str
     model: str
+    no_sync: bool
     nodes: int
     offload_optimizer: str
     offload_params: str
     optimizer: str
     optimizer_impl: str
+    optimizer_in_backward: bool
     pp: int
     pp_embedding_layer: bool
     pp_loss_layer: bool
     pp_schedule: str
     precision: str
     quant: str
+    quantize_head: bool
     recompute: str
     seq: int
     sp: bool
@@ -679,6 +721,7 @@ class DoctorDictRemediesItemPredictionRequest(TypedDict, total=False):
     vpp: int
     zero: int
     zero_grad: str
+    bnb_4bit_saves_input: bool
     lora_rank: int
     lora_targets: List[str]
 
@@ -779,14 +822,29 @@ def estimate(
     gen_len: Optional[int] = ...,
     lora_rank: Optional[int] = ...,
     lora_targets: Optional[Union[Sequence[str], str]] = ...,
+    lora_dropout: Optional[float] = ...,
+    decoder_seq: Optional[int] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
-    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion']] = ...,
+    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion', 'paged-adamw', 'paged-adamw8bit']] = ...,
     optimizer_impl: Optional[Literal['foreach', 'fused', 'for-loop']] = ...,
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4']] = ...,
+    optimizer_in_backward: Optional[bool] = ...,
+    load_dtype: Optional[Literal['weights', 'fp32']] = ...,
+    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
+    double_quant: Optional[bool] = ...,
+    quantize_head: Optional[bool] = ...,
+    bnb_4bit_saves_input: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    recompute: Optional[Literal['none', 'selective', 'full']] = ...,
+    recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
+    recompute_every: Optional[int] = ...,
+    activation_offload: Optional[bool] = ...,
+    framework: Optional[Literal['hf', 'torchtune', 'litgpt', 'nanogpt', 'megatron', 'torchtitan', 'deepspeed', 'axolotl', 'unsloth', 'llama-factory']] = ...,
+    cross_entropy: Optional[Literal['full', 'chunked', 'fused', 'fused-linear']] = ...,
+    logits: Optional[Literal['freed', 'kept']] = ...,
+    kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
+    compile: Optional[bool] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -804,6 +862,8 @@ def estimate(
     pp_loss_layer: Optional[bool] = ...,
     zero: Optional[int] = ...,
     fsdp: Optional[Literal['none', 'full', 'grad-op', 'hybrid']] = ...,
+    fsdp_version: Optional[int] = ...,
+    no_sync: Optional[bool] = ...,
     distributed_optimizer: Optional[bool] = ...,
     offload_optimizer: Optional[Literal['none', 'cpu', 'nvme']] = ...,
     offload_params: Optional[Literal['none', 'cpu', 'nvme']] = ...,
@@ -842,14 +902,29 @@ def simulate(
     gen_len: Optional[int] = ...,
     lora_rank: Optional[int] = ...,
     lora_targets: Optional[Union[Sequence[str], str]] = ...,
+    lora_dropout: Optional[float] = ...,
+    decoder_seq: Optional[int] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
-    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion']] = ...,
+    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion', 'paged-adamw', 'paged-adamw8bit']] = ...,
     optimizer_impl: Optional[Literal['foreach', 'fused', 'for-loop']] = ...,
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4']] = ...,
+    optimizer_in_backward: Optional[bool] = ...,
+    load_dtype: Optional[Literal['weights', 'fp32']] = ...,
+    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
+    double_quant: Optional[bool] = ...,
+    quantize_head: Optional[bool] = ...,
+    bnb_4bit_saves_input: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    recompute: Optional[Literal['none', 'selective', 'full']] = ...,
+    recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
+    recompute_every: Optional[int] = ...,
+    activation_offload: Optional[bool] = ...,
+    framework: Optional[Literal['hf', 'torchtune', 'litgpt', 'nanogpt', 'megatron', 'torchtitan', 'deepspeed', 'axolotl', 'unsloth', 'llama-factory']] = ...,
+    cross_entropy: Optional[Literal['full', 'chunked', 'fused', 'fused-linear']] = ...,
+    logits: Optional[Literal['freed', 'kept']] = ...,
+    kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
+    compile: Optional[bool] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -867,6 +942,8 @@ def simulate(
     pp_loss_layer: Optional[bool] = ...,
     zero: Optional[int] = ...,
     fsdp: Optional[Literal['none', 'full', 'grad-op', 'hybrid']] = ...,
+    fsdp_version: Optional[int] = ...,
+    no_sync: Optional[bool] = ...,
     distributed_optimizer: Optional[bool] = ...,
     offload_optimizer: Optional[Literal['none', 'cpu', 'nvme']] = ...,
     offload_params: Optional[Literal['none', 'cpu', 'nvme']] = ...,
@@ -910,14 +987,29 @@ def fit(
     gen_len: Optional[int] = ...,
     lora_rank: Optional[int] = ...,
     lora_targets: Optional[Union[Sequence[str], str]] = ...,
+    lora_dropout: Optional[float] = ...,
+    decoder_seq: Optional[int] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
-    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion']] = ...,
+    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion', 'paged-adamw', 'paged-adamw8bit']] = ...,
     optimizer_impl: Optional[Literal['foreach', 'fused', 'for-loop']] = ...,
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4']] = ...,
+    optimizer_in_backward: Optional[bool] = ...,
+    load_dtype: Optional[Literal['weights', 'fp32']] = ...,
+    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
+    double_quant: Optional[bool] = ...,
+    quantize_head: Optional[bool] = ...,
+    bnb_4bit_saves_input: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    recompute: Optional[Literal['none', 'selective', 'full']] = ...,
+    recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
+    recompute_every: Optional[int] = ...,
+    activation_offload: Optional[bool] = ...,
+    framework: Optional[Literal['hf', 'torchtune', 'litgpt', 'nanogpt', 'megatron', 'torchtitan', 'deepspeed', 'axolotl', 'unsloth', 'llama-factory']] = ...,
+    cross_entropy: Optional[Literal['full', 'chunked', 'fused', 'fused-linear']] = ...,
+    logits: Optional[Literal['freed', 'kept']] = ...,
+    kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
+    compile: Optional[bool] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -935,6 +1027,8 @@ def fit(
     pp_loss_layer: Optional[bool] = ...,
     zero: Optional[int] = ...,
     fsdp: Optional[Literal['none', 'full', 'grad-op', 'hybrid']] = ...,
+    fsdp_version: Optional[int] = ...,
+    no_sync: Optional[bool] = ...,
     distributed_optimizer: Optional[bool] = ...,
     offload_optimizer: Optional[Literal['none', 'cpu', 'nvme']] = ...,
     offload_params: Optional[Literal['none', 'cpu', 'nvme']] = ...,
@@ -959,14 +1053,29 @@ def advise(
     gen_len: Optional[int] = ...,
     lora_rank: Optional[int] = ...,
     lora_targets: Optional[Union[Sequence[str], str]] = ...,
+    lora_dropout: Optional[float] = ...,
+    decoder_seq: Optional[int] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
-    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion']] = ...,
+    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion', 'paged-adamw', 'paged-adamw8bit']] = ...,
     optimizer_impl: Optional[Literal['foreach', 'fused', 'for-loop']] = ...,
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4']] = ...,
+    optimizer_in_backward: Optional[bool] = ...,
+    load_dtype: Optional[Literal['weights', 'fp32']] = ...,
+    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
+    double_quant: Optional[bool] = ...,
+    quantize_head: Optional[bool] = ...,
+    bnb_4bit_saves_input: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    recompute: Optional[Literal['none', 'selective', 'full']] = ...,
+    recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
+    recompute_every: Optional[int] = ...,
+    activation_offload: Optional[bool] = ...,
+    framework: Optional[Literal['hf', 'torchtune', 'litgpt', 'nanogpt', 'megatron', 'torchtitan', 'deepspeed', 'axolotl', 'unsloth', 'llama-factory']] = ...,
+    cross_entropy: Optional[Literal['full', 'chunked', 'fused', 'fused-linear']] = ...,
+    logits: Optional[Literal['freed', 'kept']] = ...,
+    kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
+    compile: Optional[bool] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -984,6 +1093,8 @@ def advise(
     pp_loss_layer: Optional[bool] = ...,
     zero: Optional[int] = ...,
     fsdp: Optional[Literal['none', 'full', 'grad-op', 'hybrid']] = ...,
+    fsdp_version: Optional[int] = ...,
+    no_sync: Optional[bool] = ...,
     distributed_optimizer: Optional[bool] = ...,
     offload_optimizer: Optional[Literal['none', 'cpu', 'nvme']] = ...,
     offload_params: Optional[Literal['none', 'cpu', 'nvme']] = ...,
@@ -1021,14 +1132,29 @@ def sweep(
     gen_len: Optional[int] = ...,
     lora_rank: Optional[int] = ...,
     lora_targets: Optional[Union[Sequence[str], str]] = ...,
+    lora_dropout: Optional[float] = ...,
+    decoder_seq: Optional[int] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
-    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion']] = ...,
+    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion', 'paged-adamw', 'paged-adamw8bit']] = ...,
     optimizer_impl: Optional[Literal['foreach', 'fused', 'for-loop']] = ...,
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4']] = ...,
+    optimizer_in_backward: Optional[bool] = ...,
+    load_dtype: Optional[Literal['weights', 'fp32']] = ...,
+    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
+    double_quant: Optional[bool] = ...,
+    quantize_head: Optional[bool] = ...,
+    bnb_4bit_saves_input: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    recompute: Optional[Literal['none', 'selective', 'full']] = ...,
+    recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
+    recompute_every: Optional[int] = ...,
+    activation_offload: Optional[bool] = ...,
+    framework: Optional[Literal['hf', 'torchtune', 'litgpt', 'nanogpt', 'megatron', 'torchtitan', 'deepspeed', 'axolotl', 'unsloth', 'llama-factory']] = ...,
+    cross_entropy: Optional[Literal['full', 'chunked', 'fused', 'fused-linear']] = ...,
+    logits: Optional[Literal['freed', 'kept']] = ...,
+    kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
+    compile: Optional[bool] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1046,6 +1172,8 @@ def sweep(
     pp_loss_layer: Optional[bool] = ...,
     zero: Optional[int] = ...,
     fsdp: Optional[Literal['none', 'full', 'grad-op', 'hybrid']] = ...,
+    fsdp_version: Optional[int] = ...,
+    no_sync: Optional[bool] = ...,
     distributed_optimizer: Optional[bool] = ...,
     offload_optimizer: Optional[Literal['none', 'cpu', 'nvme']] = ...,
     offload_params: Optional[Literal['none', 'cpu', 'nvme']] = ...,
@@ -1072,14 +1200,29 @@ def plan(
     gen_len: Optional[int] = ...,
     lora_rank: Optional[int] = ...,
     lora_targets: Optional[Union[Sequence[str], str]] = ...,
+    lora_dropout: Optional[float] = ...,
+    decoder_seq: Optional[int] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
-    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion']] = ...,
+    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion', 'paged-adamw', 'paged-adamw8bit']] = ...,
     optimizer_impl: Optional[Literal['foreach', 'fused', 'for-loop']] = ...,
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4']] = ...,
+    optimizer_in_backward: Optional[bool] = ...,
+    load_dtype: Optional[Literal['weights', 'fp32']] = ...,
+    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
+    double_quant: Optional[bool] = ...,
+    quantize_head: Optional[bool] = ...,
+    bnb_4bit_saves_input: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    recompute: Optional[Literal['none', 'selective', 'full']] = ...,
+    recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
+    recompute_every: Optional[int] = ...,
+    activation_offload: Optional[bool] = ...,
+    framework: Optional[Literal['hf', 'torchtune', 'litgpt', 'nanogpt', 'megatron', 'torchtitan', 'deepspeed', 'axolotl', 'unsloth', 'llama-factory']] = ...,
+    cross_entropy: Optional[Literal['full', 'chunked', 'fused', 'fused-linear']] = ...,
+    logits: Optional[Literal['freed', 'kept']] = ...,
+    kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
+    compile: Optional[bool] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1097,6 +1240,8 @@ def plan(
     pp_loss_layer: Optional[bool] = ...,
     zero: Optional[int] = ...,
     fsdp: Optional[Literal['none', 'full', 'grad-op', 'hybrid']] = ...,
+    fsdp_version: Optional[int] = ...,
+    no_sync: Optional[bool] = ...,
     distributed_optimizer: Optional[bool] = ...,
     offload_optimizer: Optional[Literal['none', 'cpu', 'nvme']] = ...,
     offload_params: Optional[Literal['none', 'cpu', 'nvme']] = ...,
@@ -1149,14 +1294,29 @@ def doctor(
     gen_len: Optional[int] = ...,
     lora_rank: Optional[int] = ...,
     lora_targets: Optional[Union[Sequence[str], str]] = ...,
+    lora_dropout: Optional[float] = ...,
+    decoder_seq: Optional[int] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
-    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion']] = ...,
+    optimizer: Optional[Literal['sgd', 'sgd-momentum', 'adam', 'adamw', 'adamw-8bit', 'adafactor', 'lion', 'paged-adamw', 'paged-adamw8bit']] = ...,
     optimizer_impl: Optional[Literal['foreach', 'fused', 'for-loop']] = ...,
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4']] = ...,
+    optimizer_in_backward: Optional[bool] = ...,
+    load_dtype: Optional[Literal['weights', 'fp32']] = ...,
+    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
+    double_quant: Optional[bool] = ...,
+    quantize_head: Optional[bool] = ...,
+    bnb_4bit_saves_input: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    recompute: Optional[Literal['none', 'selective', 'full']] = ...,
+    recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
+    recompute_every: Optional[int] = ...,
+    activation_offload: Optional[bool] = ...,
+    framework: Optional[Literal['hf', 'torchtune', 'litgpt', 'nanogpt', 'megatron', 'torchtitan', 'deepspeed', 'axolotl', 'unsloth', 'llama-factory']] = ...,
+    cross_entropy: Optional[Literal['full', 'chunked', 'fused', 'fused-linear']] = ...,
+    logits: Optional[Literal['freed', 'kept']] = ...,
+    kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
+    compile: Optional[bool] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1174,6 +1334,8 @@ def doctor(
     pp_loss_layer: Optional[bool] = ...,
     zero: Optional[int] = ...,
     fsdp: Optional[Literal['none', 'full', 'grad-op', 'hybrid']] = ...,
+    fsdp_version: Optional[int] = ...,
+    no_sync: Optional[bool] = ...,
     distributed_optimizer: Optional[bool] = ...,
     offload_optimizer: Optional[Literal['none', 'cpu', 'nvme']] = ...,
     offload_params: Optional[Literal['none', 'cpu', 'nvme']] = ...,

@@ -34,11 +34,32 @@ struct ActivationContext {
     DType stream = DType::F32;   // parameter / residual-stream dtype
     DType lowered = DType::F32;  // dtype of autocast-lowered op outputs
     bool autocast = false;       // torch.autocast active (amp-fp16 / amp-bf16)
+    // torch.autocast's cached 16-bit weight copies are saved by matmuls for
+    // backward (false: the framework's own 16-bit copies, not kept; FSDP2,
+    // Megatron, DeepSpeed: memory/framework.hpp).
+    bool weight_cache = true;
+    // Checkpointing (Full / Ops) wraps every N-th checkpointable layer
+    // instance of a run (0, N, 2N, ...: torchtitan's ac_freq); the inputs of
+    // checkpointed layers go to CPU memory and come back for the recompute
+    // (--activation-offload: torchtune, Unsloth).
+    std::int64_t recompute_every = 1;
+    bool activation_offload = false;
     Recompute recompute = Recompute::None;
     Attention attention = Attention::Eager;
     bool train_base = true;      // false: base weights frozen (LoRA/QLoRA)
     std::vector<std::string> lora_targets;  // module leaf names with adapters
     std::int64_t lora_rank = 0;
+    double lora_dropout = 0.0;              // PEFT lora_dropout (0: nn.Identity)
+    DType adapter = DType::F32;             // dtype of the adapters' weights
+    // Weight quantization of the frozen base (bitsandbytes / GPTQ): which
+    // linears hold quantized weights, and whether their matmuls keep the input
+    // for backward (LLM.int8 always; 4-bit only bitsandbytes < 0.43.2).
+    Quant quant = Quant::None;
+    bool quantize_head = false;
+    bool bnb_4bit_saves_input = false;
+    // Encoder-decoder models: this rank's share of the decoder's tokens
+    // (SeqAxis::Decoder / Cross tensors); 0: the same as seq.
+    std::int64_t decoder_seq = 0;
     // One rank of a layout: seq is this rank's share (seq / cp) of the
     // sequence; tensors are split over tp by tp_split_flags (all of them with
     // sequence parallelism); attention scores span cp x the local keys; routed
@@ -96,6 +117,10 @@ struct BlockActivations {
     Bytes grad_pair;             // largest |grad wrt output| + |grad wrt input| of one op
     Bytes grad_pair_net;         // the same less the saved tensors the block's later ops freed before it
     Bytes recompute_transient;   // full recompute: one instance rebuilt in backward
+    // --recompute-every: saves of the uncheckpointed instances after the last
+    // checkpointed one, freed before the first rebuild in backward.
+    Bytes recompute_trailing;
+    Bytes recompute_largest;     // part of recompute_transient: the rebuild's largest transient tensor
     Bytes weight_casts;          // part of `total`: autocast's 16-bit weight copies
     Bytes lora;                  // part of `total`: LoRA adapter tensors
     Bytes unsaved_casts;         // full recompute: weight copies cached until forward returns (not in `total`)
@@ -122,12 +147,55 @@ struct ActivationResult {
 // in `targets`; "all-linear" means every Linear except lm_head, as PEFT).
 bool lora_applies(const Op& op, const std::vector<std::string>& targets);
 
+// Sequence lengths a tensor's extent is evaluated at on one rank: its query
+// (token) length and its key length (c2 = query x key; cp: every rank's keys).
+std::int64_t query_len(const TensorInfo& t, const ActivationContext& ctx);
+std::int64_t key_len(const TensorInfo& t, const ActivationContext& ctx);
+// Elements of one activation on one rank before tensor-parallel splitting.
+std::int64_t activation_elements(const TensorInfo& t, const ActivationContext& ctx);
+
+// Weight quantization: a parameter held quantized (nn.Linear weights; the
+// output head only with quantize_head), and an op whose matmul reads one.
+bool quantized_weight(const Param& p, Quant q, bool quantize_head);
+bool quantized_op(const Block& b, const Op& op, Quant q, bool quantize_head);
+// bitsandbytes 4-bit layers (nf4/fp4) and GPTQ int4 dequantize the whole
+// weight to the compute dtype for each matmul.
+inline bool dequantizes(Quant q) { return q == Quant::NF4 || q == Quant::FP4 || q == Quant::Int4; }
+// The frozen quantized layer keeps its input for backward when that input
+// requires grad: bitsandbytes MatMul8bitLt always, MatMul4Bit before 0.43.2.
+bool quantized_saves_input(const ActivationContext& ctx);
+
+// What a LoRA adapter keeps for backward besides its rank-r output (PEFT
+// lora.Linear: lora_B(lora_A(dropout(x))) after x = x.to(lora_A.weight.dtype)):
+// lora_A saves x itself (saves_x), or a new storage of `copy` bytes: its own
+// autocast cast (cast) or else the converted / dropped tensor; dropout saves its
+// bool `mask`. `convert` (the cast of x to the adapters' dtype) and `dropped`
+// (dropout's output) are what the forward allocates on the way.
+struct AdapterInput {
+    bool saves_x = false;
+    bool cast = false;
+    Bytes copy, mask, convert, dropped;
+};
+AdapterInput adapter_input(const Block& b, const Op& op, TensorId x, DType x_dtype, bool split, const ActivationContext& ctx);
+
 // `instances` (optional): how many executions of each block to count (a
 // pipeline stage's share; 0 skips a block); `input_requires_grad`: the first
 // counted block's input needs a gradient (activations received from the
 // previous pipeline stage).
 ActivationResult saved_activations(const ModelGraph& g, const ActivationContext& ctx, const std::vector<std::int64_t>* instances = nullptr,
                                    bool input_requires_grad = false);
+
+// Op-level selective checkpointing (torchtitan's per-op SAC policy,
+// torchtitan/distributed/activation_checkpoint.py@b5bcd76c66d0 L185-287):
+// what one checkpointed instance keeps besides its input — the outputs of
+// every other matmul (the 1st, 3rd, ... nn.Linear of the block) and the fused
+// attention kernels' outputs with their fp32 logsumexp.
+Bytes op_sac_saved(const Block& b, const ActivationContext& ctx);
+
+// Whether the k-th checkpointable instance of a run is checkpointed.
+inline bool checkpointed_instance(std::int64_t k, const ActivationContext& ctx) {
+    return ctx.recompute_every <= 1 || k % ctx.recompute_every == 0;
+}
 
 // The dtype a role resolves to under a context.
 DType resolve_role(ActRole role, const ActivationContext& ctx);

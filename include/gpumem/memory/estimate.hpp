@@ -54,7 +54,9 @@ ParamSummary summarize_params(const ModelGraph& g);
 struct PerGpu {
     Bytes weights;
     Bytes gradients;
-    Bytes optimizer_states;   // incl. fp32 master weights where kept
+    Bytes optimizer_states;   // incl. fp32 master weights where kept (the caching allocator's part)
+    Bytes paged_optimizer_states;  // bitsandbytes paged states: CUDA managed memory, in total_device only
+    Bytes load_peak;          // allocated bytes while the model loads (memory/features.hpp); 0 when not modelled
     Bytes master_weights;     // part of optimizer_states
     Bytes activations;        // saved for backward at the end of one micro-batch's forward
     Bytes kv_cache;

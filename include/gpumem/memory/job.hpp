@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "gpumem/core/bytes.hpp"
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/activations.hpp"
+#include "gpumem/memory/framework.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/memory/parallel.hpp"
 #include "gpumem/memory/request.hpp"
@@ -41,12 +43,20 @@ struct TrainTensor {
 //  states (min_8bit_size); Adafactor (transformers.optimization.Adafactor,
 //  beta1=None): fp32 exp_avg_sq_row [.., rows] + exp_avg_sq_col [.., cols] for
 //  >= 2-D tensors, a full fp32 exp_avg_sq for 1-D, plus a scalar RMS.
+//  Paged AdamW (bitsandbytes PagedAdamW / PagedAdamW32bit): fp32 state1 +
+//  state2; paged 8-bit AdamW: the AdamW 8-bit layout.
 Bytes optimizer_bytes(Optimizer o, const TrainTensor& t, DType state);
 
+// The part of optimizer_bytes() a paged optimizer keeps in CUDA managed memory
+// (outside PyTorch's caching allocator): state1/state2 of tensors with at
+// least 1e5 elements. Zero for every other optimizer.
+Bytes paged_state_bytes(Optimizer o, const TrainTensor& t);
+
 // Weight bytes of one parameter under weight quantization (bitsandbytes
-// Linear8bitLt / Linear4bit, GPTQ-style int4). Only nn.Linear weights are
-// quantized; lm_head stays in the compute dtype (bnb's default skip list).
-Bytes quantized_bytes(Quant q, const Param& p, DType fallback);
+// Linear8bitLt / Linear4bit nf4 and fp4 with or without double quantization,
+// GPTQ-style int4). Only nn.Linear weights are quantized; lm_head stays in the
+// compute dtype (bnb's default skip list) unless quantize_head.
+Bytes quantized_bytes(Quant q, const Param& p, DType fallback, bool double_quant, bool quantize_head);
 
 struct Job {
     EstimateRequest req;  // defaults filled in
@@ -73,13 +83,27 @@ struct Job {
     Bytes grads;
     Bytes master;                     // fp32 master weights (fp16 training)
     Bytes opt_states;                 // excl. master
-    Bytes dequant;                    // 4-bit: one dequantized weight in flight
+    Bytes dequant;                    // 4-bit: one dequantized weight in flight (LLM.int8: in backward only)
+    Bytes head_dequant;               // the same for a quantized output layer (--quantize-head), at the head
+    bool dequant_in_forward = false;  // 4-bit: forward and backward; LLM.int8: backward only
     Layout layout;                    // resolved distributed layout (trivial on one GPU)
+    FrameworkChoice framework;        // the training framework's behaviour (memory/framework.hpp)
+    // The graph as the framework's kernels run it (model/rewrite.hpp); null
+    // when it is the input graph. Read through job_graph().
+    std::shared_ptr<const ModelGraph> graph;
     std::vector<std::string> assumptions;
     std::vector<std::string> warnings;
 };
 
 Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req);
+
+// quantized_bytes() under a resolved job's quantization settings.
+inline Bytes quantized_bytes(const Job& job, const Param& p) {
+    return quantized_bytes(job.quant, p, job.wdt, job.req.double_quant, job.req.quantize_head);
+}
+
+// The graph a job runs: its framework's rewrite of `g`, or `g` itself.
+inline const ModelGraph& job_graph(const ModelGraph& g, const Job& job) { return job.graph ? *job.graph : g; }
 
 // The tensor whose optimizer states one rank keeps for a RankTensor: a flat
 // 1-D partition when states are sharded (ZeRO / FSDP / distributed optimizer

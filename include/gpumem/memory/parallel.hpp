@@ -70,6 +70,15 @@ struct ParallelConfig {
     bool distributed_optimizer = false;  // Megatron
     Offload offload_optimizer = Offload::None;
     Offload offload_params = Offload::None;
+    // FSDP API: 1 (FullyShardedDataParallel, flat parameters per wrapped unit)
+    // or 2 (fully_shard, per-parameter sharding). Differs for LoRA: FSDP1's flat
+    // parameter of a unit mixing frozen and trainable weights gets a gradient
+    // for all of it.
+    int fsdp_version = 2;
+    // FSDP gradient accumulation without the reduce-scatter between
+    // micro-batches (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)):
+    // full unsharded gradients are kept until the last micro-batch.
+    bool no_sync = false;
     double capacity_factor = 1.0;        // MoE token capacity factor
     // DeepSpeed defaults (deepspeed/runtime/zero/config.py): reduce/allgather
     // buckets of 5e8 elements, ZeRO-3 prefetch bucket 5e7 and max live 1e9
@@ -136,6 +145,10 @@ struct RankTensor {
     bool trainable = true;
     bool adapter = false;         // LoRA adapter (A or B)
     bool tied_copy = false;       // the last pipeline stage's copy of a tied embedding
+    // FSDP1 with LoRA: a frozen weight flattened with its layer's adapters into
+    // one FlatParameter that requires grad: it gets a gradient of these bytes
+    // (the flat parameter's dtype, before dp sharding) though it is frozen.
+    Bytes flat_grad;
     std::int32_t block = -1;      // graph block (the output layer's for a tied copy)
     std::int32_t param = -1;      // index into the block's params (-1: adapter or tied copy)
     [[nodiscard]] std::int64_t sharded_elems(bool sharded) const { return sharded ? (elems + shard - 1) / shard : elems; }
@@ -152,6 +165,7 @@ struct StageMemory {
     bool gradients_kept = false;   // they exist during forward/backward too (grad accumulation, zero_grad(set_to_none=False), Megatron's buffer)
     Bytes gradients_at_peak;       // the gradients alive at the peak
     Bytes optimizer_states;        // incl. fp32 master weights; 0 when offloaded
+    Bytes paged_optimizer_states;  // bitsandbytes paged states in CUDA managed memory (outside the allocator, not in `allocated`)
     Bytes master_weights;          // part of optimizer_states
     Bytes activations;             // saved activations of the micro-batches in flight (at their most)
     Bytes activations_at_peak;     // the part alive at the memory peak (0 in the optimizer step)

@@ -21,10 +21,16 @@ namespace gpumem {
 
 enum class Mode { Train, Lora, QLora, Infer };
 enum class Precision { FP32, FP16, BF16, AmpFP16, AmpBF16 };
-enum class Optimizer { SGD, SGDMomentum, Adam, AdamW, AdamW8bit, Adafactor, Lion };
-enum class Recompute { None, Selective, Full };
+// paged-adamw / paged-adamw8bit: bitsandbytes PagedAdamW(32bit) / PagedAdamW8bit,
+// whose large states live in CUDA managed memory outside PyTorch's allocator.
+enum class Optimizer { SGD, SGDMomentum, Adam, AdamW, AdamW8bit, Adafactor, Lion, PagedAdamW, PagedAdamW8bit };
+// ops: op-level selective checkpointing (torchtitan selective_ac_option "op":
+// the outputs of every other matmul and of attention are saved, the rest rebuilt).
+enum class Recompute { None, Selective, Full, Ops };
 enum class Attention { Eager, Flash };
-enum class Quant { None, Int8, Int4, NF4 };
+// int8: bitsandbytes LLM.int8 (Linear8bitLt); int4: GPTQ-style (group 128);
+// nf4 / fp4: bitsandbytes Linear4bit with quant_type "nf4" / "fp4".
+enum class Quant { None, Int8, Int4, NF4, FP4 };
 // torch.optim implementations: foreach (default on CUDA since PyTorch 2.0),
 // fused, and the per-parameter for-loop (PyTorch 1.x default, HF's old AdamW).
 enum class OptimizerImpl { Foreach, Fused, ForLoop };
@@ -35,6 +41,30 @@ enum class ZeroGrad { SetToNone, Zero };
 // segments, caching, cuBLAS workspaces); `none` reports live tensor bytes only,
 // as PyTorch's CPU profiler sees them.
 enum class AllocatorKind { PyTorch, None };
+// --load-dtype: the dtype from_pretrained materialises the checkpoint in on the
+// GPU: `weights` (torch_dtype given: the weights' own dtype) or `fp32`
+// (torch_dtype not given: torch's default dtype, then cast with model.to()).
+enum class LoadDtype { Weights, FP32 };
+// --framework: the training framework whose loop, modeling code and precision
+// policy the step follows (memory/framework.hpp has each profile's rules and
+// their sources).
+enum class Framework { HF, Torchtune, LitGPT, NanoGPT, Megatron, Torchtitan, DeepSpeed, Axolotl, Unsloth, LlamaFactory };
+// How the loss reads the logits: full cross-entropy over [b, s, V] (HF: an
+// fp32 copy, then log_softmax saved), chunked over the sequence (torchtune,
+// LitGPT), a fused kernel saving only the logits and per-row statistics
+// (Unsloth, Megatron's fused vocab-parallel CE), or fused linear
+// cross-entropy that never materialises the logits (Liger, cut-cross-entropy).
+enum class CrossEntropy { Full, Chunked, Fused, FusedLinear };
+// Whether the loop still references the logits during backward (nanoGPT's
+// `logits, loss = model(X, Y)`) or drops them when the loss is computed.
+enum class LogitsLifetime { Freed, Kept };
+// Modeling code: Hugging Face eager modules, fused kernels (RMSNorm, SwiGLU,
+// RoPE: Liger, Unsloth, torchtune/torchtitan compiled), or Transformer Engine
+// layers (Megatron-Core).
+enum class Kernels { Eager, Fused, TE };
+// FP8 training recipe (memory and time): TransformerEngine delayed or current
+// scaling, torchao Float8 tensorwise / rowwise, MXFP8 block scaling.
+enum class Fp8Recipe { None, Delayed, Current, Tensorwise, Rowwise, MXFP8 };
 
 const char* to_string(Mode);
 const char* to_string(Precision);
@@ -45,6 +75,14 @@ const char* to_string(Quant);
 const char* to_string(OptimizerImpl);
 const char* to_string(ZeroGrad);
 const char* to_string(AllocatorKind);
+const char* to_string(LoadDtype);
+// An unset recompute prints as resolved jobs hold it when the framework has no default.
+inline const char* to_string(const std::optional<Recompute>& r) { return to_string(r.value_or(Recompute::None)); }
+const char* to_string(Framework);
+const char* to_string(CrossEntropy);
+const char* to_string(LogitsLifetime);
+const char* to_string(Kernels);
+const char* to_string(Fp8Recipe);
 
 struct EstimateRequest {
     std::string model;                 // preset name, path, or "" with params_count
@@ -59,11 +97,30 @@ struct EstimateRequest {
     // DeepSpeed ZeRO run a fused Adam; plain PyTorch defaults to foreach.
     std::optional<OptimizerImpl> optimizer_impl;
     ZeroGrad zero_grad = ZeroGrad::SetToNone;
-    Recompute recompute = Recompute::None;
+    // Each parameter stepped and its gradient freed in its post-accumulate-grad
+    // hook (torchtune optimizer_in_bwd): no full set of gradients ever exists.
+    bool optimizer_in_backward = false;
+    LoadDtype load_dtype = LoadDtype::Weights;  // the load phase (memory/features.hpp)
+    std::optional<Recompute> recompute;  // default: the framework's (none for hf)
     Attention attention = Attention::Flash;
     std::int64_t lora_rank = 16;
     std::vector<std::string> lora_targets;  // default: q_proj,k_proj,v_proj,o_proj (or the family's names)
     std::optional<Quant> quant;        // default none (nf4 for qlora)
+    // bitsandbytes 4-bit (nf4/fp4): absmax constants quantized again
+    // (compress_statistics / bnb_4bit_use_double_quant). Default on, as the
+    // QLoRA recipe (artidoro/qlora qlora.py --double_quant); HF's
+    // BitsAndBytesConfig defaults to False.
+    bool double_quant = true;
+    // lm_head quantized too (LitGPT / Lightning's BitsandbytesPrecision
+    // converts every nn.Linear); HF and bitsandbytes skip it by default.
+    bool quantize_head = false;
+    // bitsandbytes < 0.43.2: MatMul4Bit keeps its input for backward
+    // (ctx.tensors = (A, B)); 0.43.2 and later keep only the packed weight.
+    bool bnb_4bit_saves_input = false;
+    // PEFT LoraConfig.lora_dropout (default 0: nn.Identity). Unset: 0.
+    std::optional<double> lora_dropout;
+    // Encoder-decoder models (T5): decoder tokens per sample. Unset: --seq.
+    std::optional<std::int64_t> decoder_seq;
     std::optional<DType> kv_dtype;     // default: the activation dtype
     std::int64_t gen_len = 0;          // inference: generated tokens (prompt = seq)
     std::string gpu = "H100-80GB";
@@ -74,6 +131,15 @@ struct EstimateRequest {
     std::string alloc_conf;            // PYTORCH_CUDA_ALLOC_CONF syntax
     std::optional<Bytes> cublas_workspace;  // overrides one cuBLAS workspace's size
     bool analytic = false;             // skip the step simulation (fast path)
+    // ---- framework (memory/framework.hpp): unset fields take the profile's default
+    std::optional<Framework> framework;        // default hf
+    std::optional<CrossEntropy> cross_entropy;
+    std::optional<LogitsLifetime> logits;
+    std::optional<Kernels> kernels;
+    std::optional<std::int64_t> recompute_every;  // checkpoint every N-th layer (torchtitan ac_freq, HF: 1)
+    std::optional<bool> compile;               // torch.compile of the model (Inductor); default the framework's
+    std::optional<bool> activation_offload;    // saved activations offloaded to CPU (torchtune, Unsloth); default the framework's
+    Fp8Recipe fp8_recipe = Fp8Recipe::None;    // FP8 linears: memory and time (implies --fp8 for time)
     ParallelConfig parallel;           // distributed layout (default: one GPU)
 };
 

@@ -62,9 +62,20 @@ enum class ActRole : std::uint8_t {
     Mask8,    // 1-byte bool/uint8 (dropout masks)
     Upcast,   // ops autocast runs in fp32 (softmax, log_softmax, layer_norm): fp32 under
               // autocast, the lowered dtype otherwise (torch autocast op lists)
+    Float8,   // FP8 (e4m3) copies FP8 linears save for backward (model/rewrite.hpp)
 };
 
 using TensorId = std::int32_t;
+
+// Which sequence length an extent's s stands for. Decoder-only and encoder
+// tensors use the job's --seq; an encoder-decoder model's decoder side uses
+// --decoder-seq: decoder tokens [b, s_dec, h], decoder self-attention scores
+// [b, a, s_dec, s_dec], cross-attention scores [b, a, s_dec, s_enc].
+enum class SeqAxis : std::uint8_t {
+    Main,     // c1 * s, c2 * s^2
+    Decoder,  // c1 * s_dec, c2 * s_dec^2
+    Cross,    // c1 * s_dec, c2 * s_dec * s (decoder queries x encoder keys)
+};
 
 struct TensorInfo {
     std::string name;
@@ -78,6 +89,7 @@ struct TensorInfo {
     // instance (T5's encoder output in each decoder layer): counted once per
     // model under this key, however many blocks and repeats save it.
     std::string shared_key;
+    SeqAxis axis = SeqAxis::Main;  // the sequence its extent's s stands for
 };
 
 // A tensor autograd keeps for the backward of an op.

@@ -1,0 +1,82 @@
+// gpumem/memory/framework.hpp — training frameworks as they really run.
+//
+// The same model and settings take 10-40% more or less memory depending on
+// the framework that trains it: how long its loop holds the logits, how its
+// loss reads them, which kernels its modeling code runs (and what they save
+// for backward), and how it implements "bf16 mixed precision". A profile is
+// the set of those behaviours for one framework, each read from the
+// framework's source at a named commit (the citations below, also printed in
+// docs/frameworks.md); request fields (--cross-entropy, --logits, --kernels,
+// ...) override single behaviours. resolve_job() applies the profile: it
+// fills the unset fields, rewrites the graph for the framework's kernels
+// (model/rewrite.hpp) and lists the rules in the assumptions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpumem/core/result.hpp"
+#include "gpumem/memory/request.hpp"
+#include "gpumem/model/rewrite.hpp"
+
+namespace gpumem {
+
+// How "mixed precision" makes the 16-bit copies of the weights that matmuls
+// read: torch.autocast casts fp32 weights inside each op and keeps the casts
+// (saved for backward) for the whole forward; frameworks with their own
+// policy (FSDP2 MixedPrecisionPolicy, Megatron, DeepSpeed) hold 16-bit
+// parameters or all-gather 16-bit copies per layer, which autograd does not
+// keep across layers.
+enum class PrecisionPolicy { Autocast, OwnCopies };
+
+struct FrameworkRule {
+    std::string what;    // "loss: chunked cross-entropy, 8 chunks, fp32 per chunk"
+    std::string source;  // "pytorch/torchtune torchtune/modules/loss/ce_chunked_output_loss.py@<commit> L.."
+};
+
+struct FrameworkProfile {
+    Framework id = Framework::HF;
+    std::string title;              // "Hugging Face Trainer / accelerate / TRL"
+    LogitsLifetime logits = LogitsLifetime::Freed;
+    CrossEntropy cross_entropy = CrossEntropy::Full;
+    std::int64_t ce_chunks = 8;     // chunked: chunks of the sequence
+    std::int64_t ce_chunk_tokens = 0;  // chunked by tokens instead (LitGPT lm_head_chunk_size); 0: use ce_chunks
+    bool ce_upcast = true;          // the loss upcasts logits to fp32
+    Kernels kernels = Kernels::Eager;
+    PrecisionPolicy policy = PrecisionPolicy::Autocast;
+    std::optional<Precision> default_precision;  // the framework's default training precision
+    // Precisions the framework cannot run, with the message naming its own setting.
+    std::vector<std::pair<Precision, std::string>> unsupported;
+    // The loss computes the output projection chunk by chunk too, so the
+    // whole logits never exist (torchtune LinearCrossEntropyLoss).
+    bool ce_chunked_head = false;
+    Recompute recompute = Recompute::None;  // the framework's default checkpointing
+    bool compile = false;
+    bool activation_offload = false;
+    double lora_dropout = 0.0;      // the framework's default LoRA dropout
+    std::vector<FrameworkRule> rules;
+};
+
+const FrameworkProfile& framework_profile(Framework f);
+
+// The resolved behaviour of one job (profile defaults, then request overrides).
+struct FrameworkChoice {
+    Framework framework = Framework::HF;
+    LogitsLifetime logits = LogitsLifetime::Freed;
+    CrossEntropy cross_entropy = CrossEntropy::Full;
+    Kernels kernels = Kernels::Eager;
+    PrecisionPolicy policy = PrecisionPolicy::Autocast;
+    bool compile = false;
+    bool activation_offload = false;
+    Fp8Recipe fp8 = Fp8Recipe::None;
+    GraphRewrite rewrite;            // what the graph rewrite applies
+    std::vector<std::string> assumptions;
+};
+
+// Fills req's unset framework fields (and the default precision) from the
+// profile, validates the combination, and returns what the job runs.
+// Throws InputError for a precision the framework cannot run.
+FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_transformer);
+
+}  // namespace gpumem

@@ -1,0 +1,57 @@
+// gpumem/model/rewrite.hpp — the same model under other modeling code.
+//
+// Graphs are built as Hugging Face's eager PyTorch modules run them (what the
+// CPU oracle verifies). Other frameworks run the same layers through fused
+// kernels that allocate and save less; rewrite_graph() turns an eager graph
+// into the graph those kernels execute, op by op, so that the analytic path
+// and the step simulator (which both read the graph) see the same kernels:
+//
+//  - fused RMSNorm (Liger LigerRMSNorm, Unsloth, Transformer Engine, apex):
+//    one kernel saving its input and an fp32 rstd per row, instead of HF's
+//    fp32 copy, normalized fp32 tensor and 16-bit cast;
+//  - fused SwiGLU / GeGLU (Liger, Unsloth, TE `swiglu`, Megatron
+//    bias_swiglu_fusion): saves the gate and up projections, not silu(gate);
+//  - fused RoPE (Liger, Unsloth, TE apply_rope_fusion): one kernel, nothing
+//    saved, no cos/sin products in flight;
+//  - attention output in [b, s, heads, d] layout (flash-attn / TE / Megatron):
+//    o_proj reads the kernel's output as a view, no transpose copy;
+//  - the loss kernel: full cross-entropy (HF), chunked (torchtune, LitGPT:
+//    one chunk's fp32 copy at a time), fused (saves the logits and an fp32
+//    logsumexp per row; the gradient is written into the logits), or fused
+//    linear cross-entropy (never materialises the logits: one chunk of fp32
+//    logits in flight and the input gradient computed in forward and saved);
+//  - FP8 linears (TE, torchao Float8Linear): each linear saves an FP8 copy of
+//    its input for the weight gradient instead of the 16-bit input.
+// Every rewrite keeps parameters, FLOPs of matmuls and block structure.
+#pragma once
+
+#include <cstdint>
+
+#include "gpumem/model/graph.hpp"
+
+namespace gpumem {
+
+enum class LossKernel : std::uint8_t { Full, Chunked, Fused, FusedLinear };
+
+struct GraphRewrite {
+    bool fused_norm = false;
+    bool fused_glu = false;
+    bool fused_rope = false;
+    bool attention_out_view = false;
+    LossKernel loss = LossKernel::Full;
+    std::int64_t loss_chunks = 8;   // Chunked: chunks of the sequence (torchtune num_output_chunks)
+    bool loss_chunked_head = false; // Chunked: the output projection runs per chunk too (no whole logits)
+    // Whether the loss upcasts the logits to fp32 before log_softmax (HF's
+    // ForCausalLMLoss, torchtune); false: log_softmax in the logits' dtype
+    // (LitGPT's chunked_cross_entropy), fp32 under autocast.
+    bool loss_upcast = true;
+    bool fp8_linear_inputs = false;
+    [[nodiscard]] bool any() const {
+        return fused_norm || fused_glu || fused_rope || attention_out_view || loss != LossKernel::Full || !loss_upcast || fp8_linear_inputs;
+    }
+};
+
+// A copy of `g` as the given kernels run it (g itself when nothing applies).
+ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw);
+
+}  // namespace gpumem

@@ -1,0 +1,178 @@
+// Framework profiles (memory/framework.hpp, model/rewrite.hpp): each rule's
+// effect against an independent count written here.
+#include <gtest/gtest.h>
+
+#include "gpumem/memory/estimate.hpp"
+#include "gpumem/memory/job.hpp"
+#include "gpumem/model/load.hpp"
+#include "gpumem/sim/simulate.hpp"
+#include "test_util.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+ModelGraph llama_like() {
+    // A small Llama: h=256, 4 heads (kv 2), I=688, 3 layers, V=1000.
+    nlohmann::json c = {{"model_type", "llama"},         {"hidden_size", 256},         {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2},      {"num_hidden_layers", 3},     {"intermediate_size", 688},
+                        {"vocab_size", 1000},            {"max_position_embeddings", 4096}, {"tie_word_embeddings", false}};
+    auto g = load_hf_config_json(c, "test");
+    EXPECT_TRUE(g.ok());
+    return std::move(g).value();
+}
+
+EstimateRequest base() {
+    EstimateRequest r;
+    r.batch = 2;
+    r.seq = 128;
+    r.precision = Precision::BF16;
+    r.attention = Attention::Flash;
+    r.analytic = true;
+    return r;
+}
+
+Bytes saved(const ModelGraph& g, const EstimateRequest& r) {
+    auto e = estimate(g, r);
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return e.value().activation_detail.saved;
+}
+
+}  // namespace
+
+// Fused RMSNorm keeps x (bf16) and rstd instead of HF's fp32 copy, rstd and
+// 16-bit normalized output: 4h bytes less per token per norm (2 per layer, 1
+// final). Fused SwiGLU keeps gate and up but not silu(gate): 2I less. The
+// attention output read as a view: o_proj's transpose copy (2h) is gone.
+TEST(Frameworks, FusedKernelsSaveWhatTheKernelsSave) {
+    const ModelGraph g = llama_like();
+    EstimateRequest eager = base(), fused = base();
+    fused.kernels = Kernels::Fused;
+    const std::int64_t b = 2, s = 128, h = 256, I = 688, L = 3;
+    const std::int64_t want = b * s * (L * (2 * 4 * h + 2 * I + 2 * h) + 4 * h);
+    EXPECT_EQ((saved(g, eager) - saved(g, fused)).count(), want);
+}
+
+// Loss kernels under pure bf16: HF's full CE saves the fp32 log_softmax
+// (4bsV); a fused kernel saves the bf16 logits and an fp32 logsumexp per row
+// (2bsV + 4bs); fused linear CE saves the input gradient [b, s, h] in bf16
+// instead of the output layer's input [b, s, h] (the weight gradient is
+// computed in forward too) and no logits.
+TEST(Frameworks, LossKernelsSavedBytes) {
+    const ModelGraph g = llama_like();
+    const std::int64_t b = 2, s = 128, h = 256, V = 1000;
+    EstimateRequest full = base(), fused = base(), linear = base();
+    fused.cross_entropy = CrossEntropy::Fused;
+    linear.cross_entropy = CrossEntropy::FusedLinear;
+    const Bytes f = saved(g, full);
+    EXPECT_EQ((f - saved(g, fused)).count(), 4 * b * s * V - (2 * b * s * V + 4 * b * s));
+    EXPECT_EQ((f - saved(g, linear)).count(), 4 * b * s * V + 2 * b * s * h - 2 * b * s * h);
+}
+
+// Megatron mixed precision: bf16 weights (2), fp32 main gradients (4), fp32
+// main weights and Adam moments (12): 18 bytes per parameter (Korthikanti et
+// al. 2022 §2; Megatron-LM arguments.py). DeepSpeed bf16: bf16 weights and
+// gradients (2 + 2) with fp32 master and moments (12): 16.
+TEST(Frameworks, PrecisionPoliciesModelStates) {
+    const ModelGraph g = llama_like();
+    const std::int64_t n = g.total_params();
+    for (auto [fw, per] : {std::pair{Framework::Megatron, 18}, std::pair{Framework::DeepSpeed, 16}}) {
+        EstimateRequest r = base();
+        r.framework = fw;
+        auto e = estimate(g, r);
+        ASSERT_TRUE(e.ok()) << e.error().message;
+        const auto& p = e.value().per_gpu;
+        EXPECT_EQ((p.weights + p.gradients + p.optimizer_states).count(), per * n) << to_string(fw);
+    }
+}
+
+// torch.autocast saves a 16-bit copy of every weight for backward; FSDP2's
+// policy (torchtitan) keeps none across layers.
+TEST(Frameworks, AutocastWeightCopiesOnlyUnderAutocast) {
+    const ModelGraph g = llama_like();
+    EstimateRequest hf = base(), titan = base();
+    hf.precision = titan.precision = Precision::AmpBF16;
+    titan.framework = Framework::Torchtitan;
+    titan.cross_entropy = CrossEntropy::Full;
+    titan.recompute = Recompute::None;
+    auto a = estimate(g, hf), t = estimate(g, titan);
+    ASSERT_TRUE(a.ok() && t.ok());
+    EXPECT_GT(a.value().activation_detail.autocast_weight_casts, Bytes(0));
+    EXPECT_EQ(t.value().activation_detail.autocast_weight_casts, Bytes(0));
+}
+
+// A framework refuses a precision it cannot run, naming its own setting.
+TEST(Frameworks, UnsupportedPrecisionIsAnError) {
+    const ModelGraph g = llama_like();
+    EstimateRequest r = base();
+    r.framework = Framework::Torchtune;
+    r.precision = Precision::AmpBF16;
+    auto e = estimate(g, r);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().field, "precision");
+    EXPECT_NE(e.error().message.find("dtype: bf16"), std::string::npos) << e.error().message;
+}
+
+// Defaults come from the profile; what the user sets wins.
+TEST(Frameworks, ProfileDefaultsAndOverrides) {
+    const ModelGraph g = llama_like();
+    EstimateRequest r = base();
+    r.framework = Framework::LlamaFactory;
+    auto j = resolve_job(g, r);
+    ASSERT_TRUE(j.ok());
+    EXPECT_EQ(j.value().req.recompute, Recompute::Full);  // gradient checkpointing on by default
+    r.recompute = Recompute::None;
+    j = resolve_job(g, r);
+    ASSERT_TRUE(j.ok());
+    EXPECT_EQ(j.value().req.recompute, Recompute::None);
+    EstimateRequest n = base();
+    n.framework = Framework::NanoGPT;
+    n.precision.reset();
+    j = resolve_job(g, n);
+    ASSERT_TRUE(j.ok());
+    EXPECT_EQ(j.value().req.precision, Precision::AmpBF16);
+    EXPECT_EQ(j.value().framework.logits, LogitsLifetime::Kept);
+}
+
+// Every N-th layer checkpointed: ceil(L/N) layers keep only their input, the
+// others everything; offloaded inputs leave nothing of the checkpointed layers.
+TEST(Frameworks, RecomputeEveryAndOffload) {
+    const ModelGraph g = llama_like();
+    EstimateRequest none = base(), full = base(), every = base(), off = base();
+    full.recompute = every.recompute = off.recompute = Recompute::Full;
+    every.recompute_every = 2;  // layers 0 and 2 of 3
+    off.activation_offload = true;
+    auto one = [&](const EstimateRequest& r) {
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        return e.value().activation_detail.blocks[1].total;
+    };
+    const Bytes layer_all = one(none).ceil_div(3);  // one layer's saves
+    const Bytes input = Bytes(2 * 2 * 128 * 256);  // one layer's bf16 input
+    EXPECT_EQ(one(full), input * 3);
+    EXPECT_EQ(one(every), input * 2 + layer_all);
+    EXPECT_EQ(one(off), Bytes(0));
+    EstimateRequest bad = base();
+    bad.activation_offload = true;
+    auto e = estimate(g, bad);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().field, "activation-offload");
+}
+
+// The analytic path and the simulator agree for every framework's defaults.
+TEST(Frameworks, AnalyticAgreesWithSimulatorForEveryProfile) {
+    const ModelGraph g = llama_like();
+    for (int f = 0; f < 10; ++f) {
+        EstimateRequest r = base();
+        r.framework = static_cast<Framework>(f);
+        r.precision.reset();
+        r.analytic = true;
+        auto a = estimate(g, r);
+        r.analytic = false;
+        auto e = simulate_estimate(g, r);
+        ASSERT_TRUE(a.ok() && e.ok()) << to_string(*r.framework);
+        const double an = static_cast<double>(a.value().per_gpu.peak_allocated.count());
+        const double si = static_cast<double>(e.value().per_gpu.peak_allocated.count());
+        EXPECT_NEAR(si / an, 1.0, 0.05) << request_to_command(r) << " (" << to_string(*r.framework) << ")";
+    }
+}

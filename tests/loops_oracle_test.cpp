@@ -1,0 +1,119 @@
+// Framework training loops against the PyTorch CPU profiler
+// (oracle/loops_oracle.py; tests/fixtures/oracle/loops.json): the simulated
+// steady-state and first-step peaks of live tensor bytes (--allocator none,
+// for-loop AdamW, fp32) within 2% for the loops as the frameworks write them:
+//   hf       — HF >= 4.46 loss inside forward, the Trainer keeps only the loss
+//   deleted  — the loss in the loop, `del logits` before backward (= hf)
+//   kept     — the loop keeps `outputs` (hence logits) through backward (--logits kept)
+//   nanogpt  — karpathy/nanoGPT's `logits, loss = model(X, Y)` (--framework nanogpt)
+//   llama2c  — karpathy/llama2.c, the same pattern (+ a 4-byte attribute)
+// torch 1.13's mean() saves of LLaMA's RMSNorm are taken off the oracle's
+// numbers as in step_oracle_test.cpp. The "chunked" loop (torchtune v0.5's
+// per-chunk output projection, whose eight weight-gradient contributions are
+// summed out of place) is checked within 25% and the cause is named there.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpumem/model/load.hpp"
+#include "gpumem/sim/simulate.hpp"
+#include "test_util.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+double ratio(Bytes got, std::int64_t want) { return static_cast<double>(got.count()) / static_cast<double>(want); }
+
+struct Sim {
+    Bytes first, steady;
+    std::string phase;
+};
+
+Sim run(const nlohmann::json& cs, const std::string& loop) {
+    const std::string family = cs["family"];
+    const auto& c = cs["config"];
+    auto g = load_hf_config_json(test::oracle_hf_config(c, family), "oracle case");
+    EXPECT_TRUE(g.ok()) << g.error().message;
+    EstimateRequest req;
+    req.precision = Precision::FP32;
+    req.attention = Attention::Eager;
+    req.optimizer = Optimizer::AdamW;
+    req.optimizer_impl = OptimizerImpl::ForLoop;
+    req.allocator = AllocatorKind::None;
+    req.batch = cs["batch"].get<std::int64_t>();
+    req.seq = cs["seq"].get<std::int64_t>();
+    if (loop == "kept") req.logits = LogitsLifetime::Kept;
+    if (loop == "nanogpt" || loop == "llama2c") {
+        req.framework = Framework::NanoGPT;
+        req.compile = false;  // the oracle runs eager
+    }
+    if (loop == "chunked") req.cross_entropy = CrossEntropy::Chunked;
+    auto r = simulate_estimate(g.value(), req);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    const auto& s = *r.value().simulation;
+    return {s.first_step_peak_allocated, s.steady_peak_allocated, s.peak_phase};
+}
+
+std::int64_t mean_saves(const nlohmann::json& cs) {
+    if (cs["family"] != "llama") return 0;
+    const auto& c = cs["config"];
+    return (2 * c["layers"].get<std::int64_t>() + 1) * cs["seq"].get<std::int64_t>() * cs["batch"].get<std::int64_t>() *
+           c["hidden"].get<std::int64_t>() * 4;
+}
+
+std::int64_t modern(const nlohmann::json& step, std::int64_t saves) {
+    const std::string phase = step["peak_phase"];
+    return step["peak_bytes"].get<std::int64_t>() - (phase == "forward" || phase == "backward" ? saves : 0);
+}
+
+}  // namespace
+
+TEST(LoopsOracle, FrameworkLoopsWithinTwoPercent) {
+    const auto fx = test::read_json("tests/fixtures/oracle/loops.json");
+    int checked = 0;
+    for (const auto& cs : fx["cases"]) {
+        const std::string loop = cs["loop"];
+        if (loop == "chunked") continue;
+        const Sim s = run(cs, loop);
+        const std::int64_t ms = mean_saves(cs);
+        const std::string name = cs["name"];
+        EXPECT_NEAR(ratio(s.first, modern(cs["step1"], ms)), 1.0, 0.02) << name << " step 1 (oracle peak in " << cs["step1"]["peak_phase"] << ")";
+        EXPECT_NEAR(ratio(s.steady, modern(cs["step2"], ms)), 1.0, 0.02) << name << " step 2 (oracle peak in " << cs["step2"]["peak_phase"]
+                                                                          << ", gpumem in " << s.phase << ")";
+        ++checked;
+    }
+    EXPECT_GE(checked, 30);
+}
+
+// The loop's hold on the logits is visible on its own: kept - hf = one
+// [b, s, V] fp32 tensor (the oracle's formula: hf + L).
+TEST(LoopsOracle, KeptLogitsAddOneLogitsTensor) {
+    const auto fx = test::read_json("tests/fixtures/oracle/loops.json");
+    for (const auto& cs : fx["cases"]) {
+        if (cs["loop"] != "kept") continue;
+        nlohmann::json hf;
+        for (const auto& o : fx["cases"])
+            if (o["loop"] == "hf" && o["family"] == cs["family"] && o["batch"] == cs["batch"] && o["seq"] == cs["seq"] && o["config"] == cs["config"]) hf = o;
+        ASSERT_FALSE(hf.is_null());
+        const std::int64_t L = 4 * cs["batch"].get<std::int64_t>() * cs["seq"].get<std::int64_t>() * cs["config"]["vocab"].get<std::int64_t>();
+        const Sim k = run(cs, "kept"), h = run(hf, "hf");
+        EXPECT_NEAR(static_cast<double>((k.steady - h.steady).count()), static_cast<double>(L), 0.02 * static_cast<double>(L)) << cs["name"];
+    }
+}
+
+// torchtune v0.5's chunked loss: gpumem's chunked kernel keeps one fp32 chunk
+// in flight and the whole log_softmax saved, but does not model the eight
+// per-chunk weight-gradient contributions summed out of place (3 x [V, h]
+// live at once in the oracle) nor the chunk list's views; within 25%.
+TEST(LoopsOracle, ChunkedLossWithinItsNamedCause) {
+    const auto fx = test::read_json("tests/fixtures/oracle/loops.json");
+    int checked = 0;
+    for (const auto& cs : fx["cases"]) {
+        if (cs["loop"] != "chunked") continue;
+        const Sim s = run(cs, "chunked");
+        EXPECT_NEAR(ratio(s.steady, modern(cs["step2"], mean_saves(cs))), 1.0, 0.25) << cs["name"];
+        ++checked;
+    }
+    EXPECT_GE(checked, 6);
+}
