@@ -176,3 +176,22 @@ TEST(Frameworks, AnalyticAgreesWithSimulatorForEveryProfile) {
         EXPECT_NEAR(si / an, 1.0, 0.05) << request_to_command(r) << " (" << to_string(*r.framework) << ")";
     }
 }
+
+// A compiled loss is one Inductor kernel: no fp32 log_softmax (4bsV) is kept,
+// the 16-bit logits (2bsV) and an fp32 logsumexp per row (4bs) are.
+TEST(Frameworks, CompiledLossKeepsLogitsAndLogsumexp) {
+    const ModelGraph g = llama_like();
+    const std::int64_t b = 2, s = 128, V = 1000;
+    EstimateRequest eager = base(), compiled = base();
+    compiled.compile = true;
+    compiled.kernels = Kernels::Eager;
+    // compile also fuses the layers' pointwise ops: compare the head block only.
+    auto head = [&](const EstimateRequest& r) {
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        return e.value().activation_detail.blocks.back().total;
+    };
+    const std::int64_t h = 256;
+    // The final norm is fused too (4h per token less), the loss as above.
+    EXPECT_EQ((head(eager) - head(compiled)).count(), 4 * b * s * V - (2 * b * s * V + 4 * b * s) + 4 * b * s * h);
+}

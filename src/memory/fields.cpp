@@ -197,7 +197,7 @@ std::vector<Field> build_table() {
         row("cross-entropy", FT::Enum, "framework", kJob, AT(job.cross_entropy), "loss kernel: full fp32 cross-entropy, chunked, fused (no fp32 copy) or fused-linear (no logits)").computed("the framework's").modes(kTrainModes),
         row("logits", FT::Enum, "framework", kJob, AT(job.logits), "whether the loop still holds the logits during backward").computed("the framework's").modes(kTrainModes),
         row("kernels", FT::Enum, "framework", kJob, AT(job.kernels), "modeling code: Hugging Face eager modules, fused kernels (RMSNorm, SwiGLU, RoPE) or Transformer Engine layers").computed("the framework's"),
-        row("compile", FT::Bool, "framework", kJob, AT(job.compile), "torch.compile (Inductor fuses pointwise ops: saves like fused kernels)").modes(kTrainModes),
+        row("compile", FT::Bool, "framework", kJob, AT(job.compile), "torch.compile (Inductor fuses pointwise ops and the loss: saves like fused kernels)").modes(kTrainModes),
         row("fp8-recipe", FT::Enum, "framework", kJob, AT(job.fp8_recipe), "FP8 training recipe (memory and time; implies --fp8)").modes(kTrainModes),
         // ---- layout
         row("gpus", FT::Int, "layout", kJob, AT(job.parallel.gpus), "GPUs in the job (data parallel = gpus / (tp x pp x cp))").min(1),

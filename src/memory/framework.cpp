@@ -52,6 +52,7 @@ std::array<P, 10> build_profiles() {
         p.ce_upcast = false;
         p.default_precision = Precision::AmpBF16;
         p.lora_dropout = 0.05;
+        p.compile_loss = false;
         rule(p, "`logits = model(input_ids)` stays bound through fabric.backward", "Lightning-AI/litgpt litgpt/finetune/full.py@26857050fe3f L282-285");
         rule(p, "chunked_cross_entropy: 128-row chunks, no explicit upcast", "Lightning-AI/litgpt litgpt/utils.py@26857050fe3f L302-351");
         rule(p, "default training precision bf16-mixed (torch.autocast)", "Lightning-AI/litgpt litgpt/utils.py@26857050fe3f L363-380");
@@ -93,6 +94,7 @@ std::array<P, 10> build_profiles() {
         p.policy = PrecisionPolicy::OwnCopies;
         p.default_precision = Precision::AmpBF16;
         p.recompute = Recompute::Ops;
+        p.compile_loss = false;
         rule(p, "output layer and cross-entropy in 8 chunks, each backpropagated at once into an fp32 [T, D] gradient", "pytorch/torchtitan torchtitan/components/loss.py@b5bcd76c66d0 L501-560, L676-700");
         rule(p, "FSDP2 MixedPrecisionPolicy: fp32 sharded parameters, bf16 compute copies, fp32 reduce", "pytorch/torchtitan torchtitan/config/configs.py@b5bcd76c66d0 L94-106; torchtitan/distributed/fsdp.py@b5bcd76c66d0 L223-227");
         rule(p, "default activation checkpointing: per-op selective on every block (every other matmul recomputed)", "pytorch/torchtitan torchtitan/trainer.py@b5bcd76c66d0 L108-110; torchtitan/distributed/activation_checkpoint.py@b5bcd76c66d0 L185-287");
@@ -202,6 +204,15 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
         const std::int64_t s = req.seq.value_or(2048);
         rw.loss_chunks = p.ce_chunk_tokens > 0 ? std::max<std::int64_t>(1, (s + p.ce_chunk_tokens - 1) / p.ce_chunk_tokens) : p.ce_chunks;
         rw.fp8_linear_inputs = ch.fp8 != Fp8Recipe::None;
+        // A compiled loss (torchtune compile_loss; nanoGPT's loss inside the
+        // compiled model) is one Inductor kernel: the upcast, log_softmax and
+        // nll fuse, and the backward recomputes the softmax from the logits
+        // and a per-row logsumexp instead of keeping an fp32 log_softmax.
+        if (ch.compile && p.compile_loss && (rw.loss == LossKernel::Full || rw.loss == LossKernel::Chunked)) {
+            rw.loss = LossKernel::Fused;
+            rw.loss_upcast = false;
+            rw.loss_chunked_head = false;  // every chunk's logits are kept for the recompute
+        }
     }
     if (!has_transformer) rw = GraphRewrite{};
 
@@ -222,7 +233,9 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
     }
     if (named)
         for (const auto& r : p.rules) ch.assumptions.push_back(std::string(to_string(ch.framework)) + ": " + r.what + " [" + r.source + "]");
-    if (ch.compile) ch.assumptions.push_back("--compile: Inductor's fused pointwise kernels save what fused kernels save; CUDA graphs (mode=reduce-overhead) are not modelled");
+    if (ch.compile)
+        ch.assumptions.push_back("--compile: Inductor's fused pointwise kernels save what fused kernels save, a compiled loss keeps the logits and a "
+                                 "logsumexp (no fp32 log_softmax); CUDA graphs (mode=reduce-overhead) are not modelled");
     return ch;
 }
 

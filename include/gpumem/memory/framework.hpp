@@ -53,6 +53,10 @@ struct FrameworkProfile {
     bool ce_chunked_head = false;
     Recompute recompute = Recompute::None;  // the framework's default checkpointing
     bool compile = false;
+    // Whether --compile covers the loss: torchtune compiles it (compile_loss),
+    // nanoGPT and the HF Trainer compile the whole model with its loss;
+    // torchtitan compiles each transformer block, LitGPT the model only.
+    bool compile_loss = true;
     bool activation_offload = false;
     double lora_dropout = 0.0;      // the framework's default LoRA dropout
     std::vector<FrameworkRule> rules;
