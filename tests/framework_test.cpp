@@ -195,3 +195,22 @@ TEST(Frameworks, CompiledLossKeepsLogitsAndLogsumexp) {
     // The final norm is fused too (4h per token less), the loss as above.
     EXPECT_EQ((head(eager) - head(compiled)).count(), 4 * b * s * V - (2 * b * s * V + 4 * b * s) + 4 * b * s * h);
 }
+
+// torchtitan shards FSDP over dp x cp (parallel_dims.py L386): with 8 GPUs as
+// cp 4 x dp 2, each rank keeps 1/8 of the fp32 parameters, not 1/2.
+TEST(Frameworks, TorchtitanShardsOverContextParallelRanks) {
+    const ModelGraph g = llama_like();
+    EstimateRequest r = base();
+    r.framework = Framework::Torchtitan;
+    r.precision = Precision::AmpBF16;
+    r.parallel.gpus = 8;
+    r.parallel.cp = 4;
+    r.parallel.fsdp = Fsdp::Full;
+    auto j = resolve_job(g, r);
+    ASSERT_TRUE(j.ok()) << j.error().message;
+    EXPECT_EQ(j.value().layout.shard, 8);
+    r.framework = Framework::HF;
+    j = resolve_job(g, r);
+    ASSERT_TRUE(j.ok());
+    EXPECT_EQ(j.value().layout.shard, 2);
+}
