@@ -35,14 +35,7 @@ Sim run(const nlohmann::json& cs, const std::string& loop) {
     const auto& c = cs["config"];
     auto g = load_hf_config_json(test::oracle_hf_config(c, family), "oracle case");
     EXPECT_TRUE(g.ok()) << g.error().message;
-    EstimateRequest req;
-    req.precision = Precision::FP32;
-    req.attention = Attention::Eager;
-    req.optimizer = Optimizer::AdamW;
-    req.optimizer_impl = OptimizerImpl::ForLoop;
-    req.allocator = AllocatorKind::None;
-    req.batch = cs["batch"].get<std::int64_t>();
-    req.seq = cs["seq"].get<std::int64_t>();
+    EstimateRequest req = test::oracle_step_request(cs);
     if (loop == "kept") req.logits = LogitsLifetime::Kept;
     if (loop == "nanogpt" || loop == "llama2c") {
         req.framework = Framework::NanoGPT;
@@ -55,18 +48,6 @@ Sim run(const nlohmann::json& cs, const std::string& loop) {
     return {s.first_step_peak_allocated, s.steady_peak_allocated, s.peak_phase};
 }
 
-std::int64_t mean_saves(const nlohmann::json& cs) {
-    if (cs["family"] != "llama") return 0;
-    const auto& c = cs["config"];
-    return (2 * c["layers"].get<std::int64_t>() + 1) * cs["seq"].get<std::int64_t>() * cs["batch"].get<std::int64_t>() *
-           c["hidden"].get<std::int64_t>() * 4;
-}
-
-std::int64_t modern(const nlohmann::json& step, std::int64_t saves) {
-    const std::string phase = step["peak_phase"];
-    return step["peak_bytes"].get<std::int64_t>() - (phase == "forward" || phase == "backward" ? saves : 0);
-}
-
 }  // namespace
 
 TEST(LoopsOracle, FrameworkLoopsWithinTwoPercent) {
@@ -76,10 +57,10 @@ TEST(LoopsOracle, FrameworkLoopsWithinTwoPercent) {
         const std::string loop = cs["loop"];
         if (loop == "chunked") continue;
         const Sim s = run(cs, loop);
-        const std::int64_t ms = mean_saves(cs);
+        const std::int64_t ms = test::oracle_mean_saves(cs);
         const std::string name = cs["name"];
-        EXPECT_NEAR(ratio(s.first, modern(cs["step1"], ms)), 1.0, 0.02) << name << " step 1 (oracle peak in " << cs["step1"]["peak_phase"] << ")";
-        EXPECT_NEAR(ratio(s.steady, modern(cs["step2"], ms)), 1.0, 0.02) << name << " step 2 (oracle peak in " << cs["step2"]["peak_phase"]
+        EXPECT_NEAR(ratio(s.first, test::oracle_modern_peak(cs["step1"], ms)), 1.0, 0.02) << name << " step 1 (oracle peak in " << cs["step1"]["peak_phase"] << ")";
+        EXPECT_NEAR(ratio(s.steady, test::oracle_modern_peak(cs["step2"], ms)), 1.0, 0.02) << name << " step 2 (oracle peak in " << cs["step2"]["peak_phase"]
                                                                           << ", gpumem in " << s.phase << ")";
         ++checked;
     }
@@ -112,7 +93,7 @@ TEST(LoopsOracle, ChunkedLossWithinItsNamedCause) {
     for (const auto& cs : fx["cases"]) {
         if (cs["loop"] != "chunked") continue;
         const Sim s = run(cs, "chunked");
-        EXPECT_NEAR(ratio(s.steady, modern(cs["step2"], mean_saves(cs))), 1.0, 0.25) << cs["name"];
+        EXPECT_NEAR(ratio(s.steady, test::oracle_modern_peak(cs["step2"], test::oracle_mean_saves(cs))), 1.0, 0.25) << cs["name"];
         ++checked;
     }
     EXPECT_GE(checked, 6);

@@ -36,25 +36,13 @@ TEST(StepOracle, PeakLiveBytesWithinTwoPercent) {
         if (c.value("loss_impl", "shift") != "pad") continue;
         auto g = load_hf_config_json(test::oracle_hf_config(c, family), "oracle case");
         ASSERT_TRUE(g.ok()) << g.error().message;
-        EstimateRequest req;
-        req.precision = Precision::FP32;
-        req.attention = Attention::Eager;
-        req.optimizer = Optimizer::AdamW;
-        req.optimizer_impl = OptimizerImpl::ForLoop;
-        req.allocator = AllocatorKind::None;
-        req.batch = cs["batch"].get<std::int64_t>();
-        req.seq = cs["seq"].get<std::int64_t>();
+        const EstimateRequest req = test::oracle_step_request(cs);
         auto r = simulate_estimate(g.value(), req);
         ASSERT_TRUE(r.ok()) << r.error().message;
         const auto& s = *r.value().simulation;
         const std::string name = cs.value("name", family);
-        std::int64_t mean_saves = 0;
-        if (family == "llama")
-            mean_saves = (2 * c["layers"].get<std::int64_t>() + 1) * *req.seq * req.batch * c["hidden"].get<std::int64_t>() * 4;
-        auto modern = [&](const nlohmann::json& step) {
-            const std::string phase = step["peak_phase"];
-            return step["peak_bytes"].get<std::int64_t>() - (phase == "forward" || phase == "backward" ? mean_saves : 0);
-        };
+        const std::int64_t mean_saves = test::oracle_mean_saves(cs);
+        auto modern = [&](const nlohmann::json& step) { return test::oracle_modern_peak(step, mean_saves); };
         EXPECT_NEAR(ratio(s.first_step_peak_allocated, modern(cs["step1"])), 1.0, 0.02)
             << name << " step 1 (oracle peak in " << cs["step1"]["peak_phase"] << ", gpumem in " << s.peak_phase << ")";
         EXPECT_NEAR(ratio(s.steady_peak_allocated, modern(cs["step2"])), 1.0, 0.02) << name << " step 2";

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/memory/request.hpp"
+
 namespace gpumem::test {
 
 inline std::string source_path(const std::string& rel) { return std::string(GPUMEM_SOURCE_DIR) + "/" + rel; }
@@ -65,6 +67,36 @@ inline nlohmann::json oracle_hf_config(const nlohmann::json& c, const std::strin
                         {"rms_norm_eps", c["eps"]}};
     if (c.contains("attention_dropout")) j["attention_dropout"] = c["attention_dropout"];
     return j;
+}
+
+// The request of the CPU step oracles (oracle/step_oracle.py, loops_oracle.py):
+// fp32, eager attention, the for-loop AdamW, live tensor bytes only.
+inline EstimateRequest oracle_step_request(const nlohmann::json& cs) {
+    EstimateRequest req;
+    req.precision = Precision::FP32;
+    req.attention = Attention::Eager;
+    req.optimizer = Optimizer::AdamW;
+    req.optimizer_impl = OptimizerImpl::ForLoop;
+    req.allocator = AllocatorKind::None;
+    req.batch = cs["batch"].get<std::int64_t>();
+    req.seq = cs["seq"].get<std::int64_t>();
+    return req;
+}
+
+// torch 1.13 (the oracle) keeps, for every LLaMA RMSNorm, the x^2 input of
+// mean() (b*s*h fp32) until that norm's backward; torch >= 2.0 keeps only
+// sizes. The bytes to take off the oracle's forward/backward numbers.
+inline std::int64_t oracle_mean_saves(const nlohmann::json& cs) {
+    if (cs["family"] != "llama") return 0;
+    const auto& c = cs["config"];
+    return (2 * c["layers"].get<std::int64_t>() + 1) * cs["seq"].get<std::int64_t>() * cs["batch"].get<std::int64_t>() *
+           c["hidden"].get<std::int64_t>() * 4;
+}
+
+// An oracle step's peak as torch >= 2.0 would show it.
+inline std::int64_t oracle_modern_peak(const nlohmann::json& step, std::int64_t mean_saves) {
+    const std::string phase = step["peak_phase"];
+    return step["peak_bytes"].get<std::int64_t>() - (phase == "forward" || phase == "backward" ? mean_saves : 0);
 }
 
 }  // namespace gpumem::test

@@ -104,14 +104,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
 
     // Single-GPU temporaries (the loss head and the largest backward pair),
     // split so that each rank takes its share.
-    // The logits are vocab-parallel over tp (whole.logits is this rank's share).
-    Bytes logits_fp32, logits_low;
-    if (td && whole.logits > Bytes(0)) {
-        // (an encoder-decoder model's head reads the decoder's tokens)
-        const std::int64_t s_head = ctx.decoder_seq > 0 ? ctx.decoder_seq : s_local;
-        logits_fp32 = dtype_bytes(DType::F32, checked_mul(checked_mul(job.req.batch, s_head), td->vocab)).ceil_div(t);
-        logits_low = whole.logits;
-    }
+    // The logits are vocab-parallel over tp (whole.logits is this rank's share;
+    // the loss kernel's own tensors are read from the graph below).
+    const Bytes logits_low = td ? whole.logits : Bytes(0);
     const Bytes held_output = td ? Bytes(0) : whole.loss_input;  // custom loops keep `out` through backward
     // The loss kernel as the job runs it (model/rewrite.hpp), on this rank: the
     // fp32 copy in flight, log_softmax's output, the loss input, what the ops
