@@ -153,7 +153,10 @@ TEST(GridInvariants, MoreDataParallelNeverCostsMemoryWhenSharded) {
 // analytic view exactly, the simulation
 // without the allocator exactly), torch.cuda.max_memory_allocated() within 1.5%
 // (the allocator's blocks depend on its cache's history) and the reserved
-// memory within one large segment (20 MiB) and 1%.
+// memory within 1% and one segment: a large one (20 MiB), or the largest
+// tensor's own segment where that is larger (a [vocab, hidden] fp32
+// gradient of fused linear cross-entropy can land in a new segment on a
+// later micro-batch, as the caching allocator places it by history).
 TEST(GridInvariants, FlatInGradientAccumulation) {
     auto jobs = grid_with(GridKind::Pipeline, 80, 12, [](EstimateRequest&) { return true; });
     const auto single = job_grid(GridKind::Single, 60, 13);
@@ -185,7 +188,10 @@ TEST(GridInvariants, FlatInGradientAccumulation) {
             const double alloc = static_cast<double>(s.per_gpu.peak_allocated.count()), alloc0 = static_cast<double>(first_s->per_gpu.peak_allocated.count());
             EXPECT_NEAR(alloc, alloc0, 0.015 * alloc0) << "simulated allocated, " << cmd;
             const double res = static_cast<double>(s.per_gpu.peak_reserved.count()), res0 = static_cast<double>(first_s->per_gpu.peak_reserved.count());
-            EXPECT_NEAR(res, res0, 0.01 * res0 + 20.0 * 1024 * 1024) << "simulated reserved, " << cmd;
+            double segment = 20.0 * 1024 * 1024;
+            if (s.simulation && !s.simulation->top_at_peak.empty())
+                segment = std::max(segment, static_cast<double>(s.simulation->top_at_peak.front().size.count()));
+            EXPECT_NEAR(res, res0, 0.01 * res0 + segment) << "simulated reserved, " << cmd;
         }
     }
 }

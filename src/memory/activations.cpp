@@ -316,6 +316,7 @@ struct InstanceResult {
     Bytes grad_pair;  // max over ops of |grad wrt output| + |grad wrt input|
     Bytes grad_pair_net;  // the same less what the block's later ops' backwards freed before it
     Bytes loss_input;
+    Bytes quant_held;  // part of saved: 4-bit layers' inputs kept as context attributes
     Bytes working_set;
     Bytes input_bytes;
     Bytes output_bytes;
@@ -406,7 +407,15 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         const bool fused_op = ctx.attention == Attention::Flash && (op.flags & kAttnCore);
         if (!fused_op && !op.inputs.empty() && !op.outputs.empty() && op.kind != OpKind::Input && op.kind != OpKind::View &&
             op.kind != OpKind::Cast) {
+            // The output's gradient and a new gradient for each input that
+            // requires one (a product's backward makes both factors' at once).
             pair[oi] = bytes[static_cast<std::size_t>(op.outputs.front())] + bytes[static_cast<std::size_t>(op.inputs.front())];
+            for (std::size_t k = 1; k < op.inputs.size(); ++k) {
+                const auto ti = static_cast<std::size_t>(op.inputs[k]);
+                bool seen = storage[ti] == storage[static_cast<std::size_t>(op.inputs.front())];
+                for (std::size_t k2 = 1; k2 < k; ++k2) seen = seen || storage[static_cast<std::size_t>(op.inputs[k2])] == storage[ti];
+                if (rg[ti] && !seen && dt[ti] != DType::I64 && dt[ti] != DType::Bool && dt[ti] != DType::F8_E4M3) pair[oi] += bytes[ti];
+            }
             r.grad_pair = max(r.grad_pair, pair[oi]);
         }
         if (op.kind == OpKind::Loss && !op.inputs.empty()) r.loss_input = bytes[static_cast<std::size_t>(op.inputs.front())];
@@ -439,8 +448,11 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         if (in_rg && !base_tr && quantized_saves_input(ctx) && quantized_op(blk, op, ctx.quant, ctx.quantize_head)) {
             const TensorId x = op.inputs.front();
             const auto xi = static_cast<std::size_t>(x);
+            const Bytes before = r.saved;
             if (ctx.quant == Quant::Int8 || dt[xi] == ctx.lowered) mark(x, nullptr);
             else r.saved += activation_bytes(blk.tensors[xi], ctx.lowered, split[xi] != 0, ctx);
+            // 4-bit (ctx.tensors, not save_for_backward): not freed by backward.
+            if (ctx.quant != Quant::Int8) r.quant_held += r.saved - before;
         }
         if (lora) {
             // lora_A saves x (or the adapter's own cast / dropped copy of it, with
@@ -485,11 +497,35 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
                 if (o == blk.attention.front().out) at = oi;
         saved_by[at] += rest_saved;
     }
+    // Selective recompute of an eager core: backward reaching the core rebuilds
+    // every tensor the core's ops save that the core produced (the
+    // probabilities, dropout mask and dropped copy), each freed after its
+    // op's backward, as the simulator does (sim/step_train.cpp); they are not
+    // among the block's saves, so they add to the core ops' gradient pairs.
+    std::vector<Bytes> rebuilt(blk.ops.size());
+    if (ctx.recompute == Recompute::Selective && ctx.attention != Attention::Flash) {
+        std::vector<char> core_out(n, 0), counted(n, 0);
+        for (const Op& op : blk.ops)
+            if (op.flags & kAttnCore)
+                for (auto t : op.outputs) core_out[static_cast<std::size_t>(storage[static_cast<std::size_t>(t)])] = 1;
+        for (std::size_t oi = 0; oi < blk.ops.size(); ++oi) {
+            if (!(blk.ops[oi].flags & kAttnCore) || pair[oi] == Bytes(0)) continue;
+            for (const SavedRef& s : blk.ops[oi].saved) {
+                const auto st = static_cast<std::size_t>(storage[static_cast<std::size_t>(s.tensor)]);
+                if (!core_out[st] || counted[st]) continue;
+                counted[st] = 1;
+                rebuilt[oi] += bytes[st];
+            }
+        }
+    }
     {
-        Bytes freed;
+        Bytes freed, rebuilt_alive = std::accumulate(rebuilt.begin(), rebuilt.end(), Bytes(0));
         for (std::size_t oi = blk.ops.size(); oi-- > 0;) {
-            if (pair[oi] > freed) r.grad_pair_net = max(r.grad_pair_net, pair[oi] - freed);
+            const Bytes p = pair[oi] + ((blk.ops[oi].flags & kAttnCore) ? rebuilt_alive : Bytes(0));
+            if (p > freed) r.grad_pair_net = max(r.grad_pair_net, p - freed);
+            r.grad_pair = max(r.grad_pair, p);
             freed += saved_by[oi];
+            rebuilt_alive -= rebuilt[oi];
         }
     }
     if (n > 0) {
@@ -578,6 +614,8 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             res.saved += total;
             ba.weight_casts = first.weight_casts + rest.weight_casts * more;
             ba.lora = first.lora + rest.lora * more;
+            ba.quant_held = first.quant_held + rest.quant_held * more;
+            res.quant_held += ba.quant_held;
             res.autocast_weight_casts += ba.weight_casts;
             res.lora_adapters += ba.lora;
             prev_saves_output = rest.saves_output;

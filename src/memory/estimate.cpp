@@ -6,6 +6,7 @@
 #include <map>
 
 #include "gpumem/memory/features.hpp"
+#include "gpumem/memory/fp8.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
 
@@ -36,6 +37,21 @@ ParamSummary summarize_params(const ModelGraph& g) {
     return s;
 }
 
+
+namespace {
+
+// Transformer Engine's cached FP8 weight copies (memory/fp8.hpp).
+BreakdownRow fp8_weights_row(const Job& job, const StageMemory& m) {
+    const Fp8Recipe r = job.req.fp8_recipe;
+    std::string how = r == Fp8Recipe::MXFP8 || r == Fp8Recipe::NVFP4
+                          ? std::string(r == Fp8Recipe::NVFP4 ? "FP4" : "MXFP8") + " row- and column-wise copies of every linear weight with block scales"
+                      : te_needs_transpose(job.gpu.compute_capability) ? "FP8 copy and transpose of every linear weight (" + job.gpu.name + ")"
+                                                                         : "one FP8 copy of every linear weight (" + job.gpu.name + ": no transpose)";
+    if (r == Fp8Recipe::Delayed) how += ", amax history " + std::to_string(te_amax_history(job)) + " x 5 fp32 per GEMM";
+    return {"fp8_weight_copies", "FP8 weight copies and scaling state", m.fp8_weights, how + ", kept across micro-batches (Transformer Engine)"};
+}
+
+}  // namespace
 
 Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_in) {
     auto resolved = resolve_job(g, req_in);
@@ -91,15 +107,17 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         // state tensor is larger than any block the first step's activations
         // left cached, the states and the step's temporaries take fresh
         // segments on top of what the first forward/backward reserved.
-        if (train && !job.lora && job.layout.cfg.zero == 0 && job.layout.cfg.offload_optimizer == Offload::None && !job.trainable.empty()) {
+        // (With CUDA graphs the activations' blocks are the graph pool's, which no
+        // eager allocation reuses anyway: the pool rule below replaces this one.)
+        const bool graphs = train && job.framework.cuda_graphs != CudaGraphs::None;
+        if (train && !graphs && !job.lora && job.layout.cfg.zero == 0 && job.layout.cfg.offload_optimizer == Offload::None && !job.trainable.empty()) {
             const Bytes lazy = m.optimizer_states - m.master_weights;
             std::int64_t tensors = 0;
             for (const auto& t : job.trainable) tensors = checked_add(tensors, t.count);
             const std::int64_t per_rank = std::max<std::int64_t>(1, tensors / std::max<std::int64_t>(1, job.layout.cfg.pp));
             const Bytes typical_state = lazy.ceil_div(per_rank * (job.req.optimizer == Optimizer::Adam || job.req.optimizer == Optimizer::AdamW ? 2 : 1));
-            const Bytes step_temps = m.optimizer_peak > m.weights + m.optimizer_states + m.comm_buffers + m.gradients
-                                         ? m.optimizer_peak - (m.weights + m.optimizer_states + m.comm_buffers + m.gradients)
-                                         : Bytes(0);
+            const Bytes held = m.weights + m.optimizer_states + m.fp8_weights + m.comm_buffers + m.gradients;
+            const Bytes step_temps = m.optimizer_peak > held ? m.optimizer_peak - held : Bytes(0);
             if (lazy > Bytes(0) && typical_state > largest) {
                 const Bytes lazy_reserved = m.forward_backward_peak + step_temps + cublas;
                 if (lazy_reserved > pg.peak_reserved) {
@@ -108,6 +126,18 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                     lazy_states_rule = true;
                 }
             }
+        }
+        // CUDA graphs (memory/framework.hpp): the graph pool's segments no tensor
+        // uses at the peak, and the general pool's own peak elsewhere.
+        Bytes graph_idle;
+        if (graphs) {
+            graph_idle = m.graph_pool_idle;
+            // torch.compile's graphs hold every activation: no activation block
+            // is cached in the general pool (the rule above is the pool's).
+            if (job.framework.cuda_graphs == CudaGraphs::Compile) pg.allocator_overhead = Bytes(0);
+            pg.allocator_overhead += m.graph_general_extra;
+            pg.peak_reserved = pg.peak_allocated + pg.allocator_overhead + graph_idle;
+            pg.allocator_overhead += graph_idle;  // reserved - allocated; the pool's part has its own row
         }
         pg.cuda_context = req.cuda_context.value_or(req.cuda_lazy_loading ? job.gpu.cuda_context : job.gpu.cuda_context_eager);
         pg.total_device = pg.peak_reserved + pg.cuda_context + par.nccl_outside;
@@ -136,6 +166,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                                                       : (m.gradients_kept ? ", kept across micro-batches / between steps" : ", none yet at this phase"))});
             out.breakdown.push_back({"optimizer_states", "optimizer states", m.optimizer_states - m.master_weights,
                                      std::string(to_string(req.optimizer)) + ", " + std::string(dtype_name(job.state_dt))});
+            if (m.fp8_weights > Bytes(0)) out.breakdown.push_back(fp8_weights_row(job, m));
             const Bytes casts = opt_phase ? Bytes(0) : act.autocast_weight_casts;
             const Bytes lora_act = opt_phase || !lora ? Bytes(0) : act.lora_adapters;
             out.breakdown.push_back({"activations", "activations (saved for backward)", act_live - std::min(act_live, casts + lora_act),
@@ -166,6 +197,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                 {"transient", "temporaries", m.transient, "phase: " + m.peak_phase},
                 {"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights, gradients and states beyond their bytes"},
             };
+            if (m.fp8_weights > Bytes(0)) out.breakdown.insert(out.breakdown.begin() + 3, fp8_weights_row(job, m));
         } else {
             out.breakdown.push_back({"weights", "weights", m.weights,
                                      (dist ? where + ", " : std::string()) + std::string(dtype_name(job.wdt)) +
@@ -183,9 +215,21 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         }
         out.breakdown.push_back({"cublas_workspace", "cuBLAS workspaces", cublas,
                                  std::to_string(cublas_handles) + " x " + format_bytes(job.gpu.cublas_workspace)});
-        out.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", pg.allocator_overhead,
+        if (graphs)
+            out.breakdown.push_back({"cuda_graph_pool", "CUDA graph pool (reserved, unused at the peak)", graph_idle,
+                                     "private pool of " + format_bytes(m.graph_pool) + " (" +
+                                         (job.framework.cuda_graphs == CudaGraphs::Compile ? "torch.compile reduce-overhead: forward, backward and gradients"
+                                                                                           : "Megatron per-layer graphs: the layers' activations and temporaries") +
+                                         ") that eager allocations cannot use"});
+        out.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", pg.allocator_overhead - graph_idle,
                                  lazy_states_rule ? "optimizer states created at the first step take new segments on top of the activations' cached blocks"
-                                                  : "one largest-tensor block kept cached, 2 MiB segments"});
+                                 : graphs && job.framework.cuda_graphs == CudaGraphs::Compile
+                                     ? "the general pool's own peak (" + format_bytes(m.graph_general_extra) +
+                                           " more: the eager optimizer step) falls where the graph pool is not at its peak; no activation is cached outside the pool"
+                                 : graphs && m.graph_general_extra > Bytes(0)
+                                     ? "one largest-tensor block kept cached, 2 MiB segments; the general pool's own peak (" +
+                                           format_bytes(m.graph_general_extra) + " more) falls where the graph pool is not at its peak"
+                                     : "one largest-tensor block kept cached, 2 MiB segments"});
         out.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", pg.cuda_context,
                                  req.cuda_context ? "--cuda-context"
                                                   : "default for " + job.gpu.name + (req.cuda_lazy_loading ? " with lazy module loading" : " with eager module loading")});

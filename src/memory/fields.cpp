@@ -198,7 +198,8 @@ std::vector<Field> build_table() {
         row("logits", FT::Enum, "framework", kJob, AT(job.logits), "whether the loop still holds the logits during backward").computed("the framework's").modes(kTrainModes),
         row("kernels", FT::Enum, "framework", kJob, AT(job.kernels), "modeling code: Hugging Face eager modules, fused kernels (RMSNorm, SwiGLU, RoPE) or Transformer Engine layers").computed("the framework's"),
         row("compile", FT::Bool, "framework", kJob, AT(job.compile), "torch.compile (Inductor fuses pointwise ops and the loss: saves like fused kernels)").modes(kTrainModes),
-        row("fp8-recipe", FT::Enum, "framework", kJob, AT(job.fp8_recipe), "FP8 training recipe (memory and time; implies --fp8)").modes(kTrainModes),
+        row("fp8-recipe", FT::Enum, "framework", kJob, AT(job.fp8_recipe), "FP8 / FP4 training recipe: Transformer Engine delayed, current, mxfp8, nvfp4 (quantized saved inputs, cached weight copies) or torchao tensorwise, rowwise (16-bit saves); memory and time, implies --fp8").modes(kTrainModes),
+        row("cuda-graphs", FT::Enum, "framework", kJob, AT(job.cuda_graphs), "CUDA graphs in training: compile = torch.compile(mode=\"reduce-overhead\") (implies --compile), megatron = Megatron-Core per-layer graphs (--cuda-graph-impl local); the graph pool's memory serves no eager allocation").modes(kTrainModes),
         // ---- layout
         row("gpus", FT::Int, "layout", kJob, AT(job.parallel.gpus), "GPUs in the job (data parallel = gpus / (tp x pp x cp))").min(1),
         row("nodes", FT::Int, "layout", kJob | bit(Command::CompatDeepSpeed), AT(job.parallel.nodes), "nodes").min(1).computed("gpus / GPUs per node"),

@@ -4,6 +4,8 @@
 
 #include <array>
 
+#include "gpumem/memory/fp8.hpp"
+
 namespace gpumem {
 
 namespace {
@@ -57,6 +59,11 @@ std::array<P, 10> build_profiles() {
         rule(p, "chunked_cross_entropy: 128-row chunks, no explicit upcast", "Lightning-AI/litgpt litgpt/utils.py@26857050fe3f L302-351");
         rule(p, "default training precision bf16-mixed (torch.autocast)", "Lightning-AI/litgpt litgpt/utils.py@26857050fe3f L363-380");
         rule(p, "LoRA dropout 0.05", "Lightning-AI/litgpt litgpt/finetune/lora.py@26857050fe3f L58");
+        rule(p, "bitsandbytes plugin: weights quantized from fp16, so each 4-bit dequantization makes an fp16 copy and its bf16 cast",
+             "Lightning-AI/pytorch-lightning src/lightning/fabric/plugins/precision/bitsandbytes.py@438f29f07a80 L334");
+        rule(p, "the loop's `logits` keep the previous micro-batch's graph through the next forward: with bitsandbytes < 0.43.2 "
+                "(--bnb-4bit-saves-input) its 4-bit inputs too (ctx.tensors, not freed by backward)",
+             "Lightning-AI/litgpt litgpt/finetune/lora.py@26857050fe3f L355-359; bitsandbytes-foundation/bitsandbytes commit 9e753741 (#1270, in 0.43.2) bitsandbytes/autograd/_functions.py");
     }
     {
         P& p = t[static_cast<std::size_t>(Framework::NanoGPT)];
@@ -167,6 +174,20 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
     ch.cross_entropy = req.cross_entropy.value_or(p.cross_entropy);
     ch.kernels = req.kernels.value_or(p.kernels);
     ch.policy = p.policy;
+    // CUDA graphs in training. torch.compile(mode="reduce-overhead") is
+    // torch.compile with Inductor's CUDA graph trees, so it compiles;
+    // Megatron-Core's per-layer graphs are Megatron's own.
+    ch.cuda_graphs = train ? req.cuda_graphs : CudaGraphs::None;
+    if (ch.cuda_graphs == CudaGraphs::Compile) {
+        if (req.compile && !*req.compile)
+            fail(ErrorCode::InvalidArgument, "cuda-graphs", "--cuda-graphs compile is torch.compile(mode=\"reduce-overhead\"): it cannot run with --compile false");
+        req.compile = true;
+    }
+    if (ch.cuda_graphs == CudaGraphs::Megatron && ch.framework != Framework::Megatron)
+        fail(ErrorCode::InvalidArgument, "cuda-graphs",
+             "--cuda-graphs megatron is Megatron-Core's per-layer CUDA graphs (--cuda-graph-impl local): use it with --framework megatron "
+             "(torch.compile(mode=\"reduce-overhead\") is --cuda-graphs compile)");
+    req.cuda_graphs = ch.cuda_graphs;
     ch.compile = req.compile.value_or(p.compile);
     if (!req.recompute) req.recompute = train ? p.recompute : Recompute::None;
     // The profile's offloading goes with its checkpointing (Unsloth offloads
@@ -203,7 +224,17 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
         rw.loss_chunked_head = ch.cross_entropy == p.cross_entropy && p.ce_chunked_head;
         const std::int64_t s = req.seq.value_or(2048);
         rw.loss_chunks = p.ce_chunk_tokens > 0 ? std::max<std::int64_t>(1, (s + p.ce_chunk_tokens - 1) / p.ce_chunk_tokens) : p.ce_chunks;
-        rw.fp8_linear_inputs = ch.fp8 != Fp8Recipe::None;
+        // Transformer Engine recipes save quantized inputs; torchao's
+        // Float8Linear saves the 16-bit input (memory/fp8.hpp).
+        rw.fp8_linear_inputs = te_recipe(ch.fp8);
+        if (rw.fp8_linear_inputs) {
+            const QuantFormat q = te_format(ch.fp8);
+            rw.fp8_num = q.num;
+            rw.fp8_den = q.den;
+            rw.fp8_scale_block = q.scale_block;
+            rw.fp8_share_inputs = ch.kernels == Kernels::TE;  // LayerNormLinear QKV / FC1
+            rw.fp8_attention_out_original = ch.framework == Framework::Megatron && ch.fp8 != Fp8Recipe::Delayed;
+        }
         // A compiled loss (torchtune compile_loss; nanoGPT's loss inside the
         // compiled model) is one Inductor kernel: the upcast, log_softmax and
         // nll fuse, and the backward recomputes the softmax from the logits
@@ -233,9 +264,32 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
     }
     if (named)
         for (const auto& r : p.rules) ch.assumptions.push_back(std::string(to_string(ch.framework)) + ": " + r.what + " [" + r.source + "]");
+    if (train && has_transformer && ch.fp8 != Fp8Recipe::None) ch.assumptions.push_back(fp8_assumption(ch.fp8, ch.framework));
     if (ch.compile)
-        ch.assumptions.push_back("--compile: Inductor's fused pointwise kernels save what fused kernels save, a compiled loss keeps the logits and a "
-                                 "logsumexp (no fp32 log_softmax); CUDA graphs (mode=reduce-overhead) are not modelled");
+        ch.assumptions.push_back(std::string("--compile: Inductor's fused pointwise kernels save what fused kernels save, a compiled loss keeps the logits and a "
+                                             "logsumexp (no fp32 log_softmax); ") +
+                                 (ch.cuda_graphs == CudaGraphs::Compile ? "mode=\"reduce-overhead\": CUDA graphs below"
+                                                                        : "no CUDA graphs (mode=\"reduce-overhead\" is --cuda-graphs compile)"));
+    // CUDA graphs in training (docs/frameworks.md, "CUDA graphs"): a graph's
+    // memory is a private pool of the caching allocator that only its captures
+    // use and empty_cache() does not release while the graph lives
+    // (pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp@001074d25084
+    // beginAllocateToPool / releasePool / free_block; torch/cuda/graphs.py@006be72d443c
+    // graph.__enter__ empties the general cache before each capture).
+    if (ch.cuda_graphs == CudaGraphs::Compile)
+        ch.assumptions.push_back(
+            "--cuda-graphs compile: torch.compile(mode=\"reduce-overhead\") records the compiled forward and backward as CUDA graph trees in one private "
+            "pool per device, warm-up runs included [pytorch/pytorch torch/_inductor/cudagraph_trees.py@00008d32e650 L2-7, TreeManagerContainer, "
+            "CUDAWarmupNode]: activations, temporaries and the parameter gradients the backward graph returns live in the pool; weights, optimizer "
+            "states and the (eager) optimizer step's temporaries in the general pool, which cannot reuse the pool's free blocks: reserved = the "
+            "general pool's peak + the pool's peak");
+    else if (ch.cuda_graphs == CudaGraphs::Megatron)
+        ch.assumptions.push_back(
+            "--cuda-graphs megatron: Megatron-Core captures each transformer layer's forward and backward (per micro-batch in flight) into one shared "
+            "private pool at the end of the first step, in execution order [NVIDIA/Megatron-LM megatron/core/transformer/cuda_graphs.py@d98e8a64ddf3 "
+            "L732-743, L1926-1935, L1958-2023; megatron/core/pipeline_parallel/schedules.py@d98e8a64ddf3 L888-889]: the layers' activations and "
+            "temporaries live in the pool; embedding, output layer, loss, fp32 main gradients, optimizer states and step in the general pool, which "
+            "cannot reuse the pool's free blocks: reserved = the general pool's peak + the pool's peak");
     return ch;
 }
 

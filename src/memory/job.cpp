@@ -176,6 +176,16 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         if (!gpu) throw InputError(gpu.error());
         job.gpu = gpu.value();
         const Bytes capacity = req.gpu_memory.value_or(job.gpu.memory);
+        // FP8 / FP4 recipes and the GPU (memory/fp8.hpp): TE's MXFP8 and NVFP4
+        // need Blackwell (docs/features/low_precision_training/mxfp8/mxfp8.rst
+        // @d0067d0da6cb L11, nvfp4/nvfp4.rst L222), FP8 Ada or Hopper.
+        if (train && req.fp8_recipe != Fp8Recipe::None && job.gpu.vendor == "NVIDIA") {
+            const bool block = req.fp8_recipe == Fp8Recipe::MXFP8 || req.fp8_recipe == Fp8Recipe::NVFP4;
+            const int need = block ? 100 : 89;
+            if (job.gpu.compute_capability < need)
+                job.warnings.push_back(std::string("--fp8-recipe ") + to_string(req.fp8_recipe) + " needs " + (block ? "a Blackwell (sm100+)" : "an Ada or Hopper (sm89+)") +
+                                       " GPU; " + job.gpu.name + " is sm" + std::to_string(job.gpu.compute_capability) + ": the sizes shown are what it keeps where it runs");
+        }
         if (req.gpu_memory) job.gpu.memory = *req.gpu_memory;
 
         std::int64_t seq = 1;
@@ -317,8 +327,13 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         // the input gradient: `CB = state.CB.to(ctx.dtype_A, copy=True).mul_(...)`
         // (bitsandbytes 95f9af30, bitsandbytes/autograd/_functions.py L236-238).
         const bool int8_bwd = quant == Quant::Int8 && train;
-        const Bytes dequant = dequantizes(quant) || int8_bwd ? dtype_bytes(compute_dt, largest_linear) : Bytes(0);
-        const Bytes head_dequant = dequantizes(quant) || int8_bwd ? dtype_bytes(compute_dt, head_linear) : Bytes(0);
+        // Lightning's bitsandbytes plugin (LitGPT) quantizes from fp16
+        // (Lightning-AI/pytorch-lightning src/lightning/fabric/plugins/precision/bitsandbytes.py@438f29f07a80 L334):
+        // dequantize_4bit returns fp16, which MatMul4Bit casts to the bf16
+        // compute dtype, both alive at once (bitsandbytes 0.42.0 autograd/_functions.py L516, L546).
+        const std::int64_t deq_copies = fw.framework == Framework::LitGPT && (quant == Quant::NF4 || quant == Quant::FP4) && compute_dt == DType::BF16 ? 2 : 1;
+        const Bytes dequant = dequantizes(quant) || int8_bwd ? dtype_bytes(compute_dt, checked_mul(largest_linear, deq_copies)) : Bytes(0);
+        const Bytes head_dequant = dequantizes(quant) || int8_bwd ? dtype_bytes(compute_dt, checked_mul(head_linear, deq_copies)) : Bytes(0);
         // Adapters are kept in fp32 under autocast (PEFT autocast_adapter_dtype).
         // Megatron mixed precision (--distributed-optimizer with --precision
         // bf16/fp16): 16-bit parameters, fp32 main gradients, fp32 master weights

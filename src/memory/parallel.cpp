@@ -24,6 +24,7 @@
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/blocks.hpp"
 #include "gpumem/memory/features.hpp"
+#include "gpumem/memory/fp8.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/graph.hpp"
 
@@ -210,8 +211,25 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
         sm.paged_optimizer_states = P;
         if (inbwd) round_grads = Bytes(0);  // no gradient persists
         sm.master_weights = M;
+        // Transformer Engine's FP8 weight workspaces and delayed-scaling state
+        // (memory/fp8.hpp): made by each linear's first forward and kept across
+        // micro-batches and steps, like a model state.
+        Bytes F8;
+        for (const auto& rt : tensors) {
+            if (rt.block < 0 || rt.param < 0 || rt.adapter || rt.tied_copy) continue;
+            const Fp8WeightAllocs fa = fp8_weight_allocs(job, g.blocks[static_cast<std::size_t>(rt.block)].params[static_cast<std::size_t>(rt.param)], rt.shape);
+            for (const auto* part : {&fa.copies, &fa.state})
+                for (const Bytes& a : *part) {
+                    F8 += a * rt.copies;
+                    round_states += rounding(a, rt.copies);
+                }
+        }
+        sm.fp8_weights = F8;
 
         // ---- contents and activations per chunk --------------------------------------
+        // chunk_nl: the part of chunk_act outside the transformer layers
+        // (embeddings, output layer and loss): Megatron's CUDA graphs leave it eager.
+        std::vector<Bytes> chunk_nl(static_cast<std::size_t>(vpp));
         std::vector<Bytes> chunk_act(static_cast<std::size_t>(vpp)), chunk_gather(static_cast<std::size_t>(vpp)), chunk_grad(static_cast<std::size_t>(vpp)),
             chunk_tail_grad(static_cast<std::size_t>(vpp));
         bool embeddings = false, head = false, has_layers = false;
@@ -223,6 +241,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
         Bytes recompute_largest;   // the rebuild's largest transient (not alive with the gradient pair)
         bool any_recompute = false;
         Bytes gather_first, gather_first_fwd, gather_near_first, gather_head, grad_first, grad_head, head_saved;
+        Bytes held_quant;  // the head chunk's 4-bit inputs a held graph keeps (BlockActivations::quant_held)
         std::string ranges;  // "0-3, 16-19": the layers of each model chunk
         {
             std::int64_t layer = 0, run_start = -1, run_end = -1;
@@ -272,12 +291,16 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 }
                 if (!any) continue;
                 const ActivationResult a = saved_activations(g, ctx, &inst, v > 0 && !starts_with_embeddings);
-                Bytes sum, unsaved;
+                Bytes sum, unsaved, nl, quant_held;
+                bool head_chunk = false;
                 for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
                     if (inst[bi] == 0) continue;
                     const BlockActivations& ba = a.blocks[bi];
                     sum += ba.total;
+                    if (!g.blocks[bi].checkpointable) nl += ba.total;
                     unsaved += ba.unsaved_casts;
+                    quant_held += ba.quant_held;
+                    head_chunk = head_chunk || (td && bi + 1 == g.blocks.size());
                     if (td && bi + 1 == g.blocks.size()) head_saved = ba.total;
                     // The loss head's backward is the logits term below.
                     if (!(td && bi + 1 == g.blocks.size())) grad_pair = max(grad_pair, ba.grad_pair_net);
@@ -289,6 +312,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                     recompute_largest = max(recompute_largest, ba.recompute_largest);
                 }
                 chunk_act[static_cast<std::size_t>(ch)] = sum;
+                if (head_chunk && job.framework.logits == LogitsLifetime::Kept) held_quant = quant_held;
+                chunk_nl[static_cast<std::size_t>(ch)] = nl;
                 // One chunk's forward at a time holds autocast's cache.
                 autocast_unsaved = max(autocast_unsaved, unsaved);
             }
@@ -438,6 +463,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
         // ---- schedule: activations in flight -----------------------------------------
         const std::int64_t m_sim = pipeline_steady_micro_batches(p, vpp, m, r);
         Bytes act_peak, kept_gather;  // activations and SHARD_GRAD_OP's kept parameters in flight at the peak
+        Bytes act_nl_peak;            // the part of act_peak outside the transformer layers
         std::int64_t inflight_peak = 0;
         // Walk the schedule: activations (and SHARD_GRAD_OP's parameters) of the
         // forwards not yet backwarded, and the gradients of the chunks that have
@@ -447,7 +473,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
         Bytes g_at_peak, end_base, end_emb_new, end_emb_acc, end_first_layer;
         bool end_emb_new_seen = false, end_emb_acc_seen = false;
         if (job.train && graph) {
-            Bytes cur, cur_gather, g_present;
+            Bytes cur, cur_gather, g_present, cur_nl;
             std::int64_t n_in = 0;
             std::vector<char> done(static_cast<std::size_t>(vpp), 0);
             bool first = true;
@@ -473,18 +499,21 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 }
                 if (op.forward) {
                     cur += chunk_act[ch];
+                    cur_nl += chunk_nl[ch];
                     cur_gather += chunk_gather[ch];
                     ++n_in;
                     const Bytes total = cur + cur_gather + g_present, best = act_peak + kept_gather + g_at_peak;
                     if (first || total > best || (total == best && n_in > inflight_peak)) {
                         first = false;
                         act_peak = cur;
+                        act_nl_peak = cur_nl;
                         kept_gather = cur_gather;
                         g_at_peak = g_present;
                         inflight_peak = n_in;
                     }
                 } else {
                     cur -= chunk_act[ch];
+                    cur_nl -= chunk_nl[ch];
                     cur_gather -= chunk_gather[ch];
                     --n_in;
                     if (!done[ch]) g_present += chunk_grad[ch];
@@ -522,7 +551,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                                                                            static_cast<double>(G.count())))
                                     : gb;
             };
-            const Bytes states = W + M + O + buffers + round_states;
+            const Bytes states = W + M + O + F8 + buffers + round_states;
             const Bytes g_kept_exact = always ? G : g_at_peak;
             const Bytes g_kept = with_round(g_kept_exact);
             // Loss head on this rank (vocab-parallel over tp).
@@ -535,10 +564,12 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             struct Moment {
                 const char* phase;
                 Bytes act, tmp, gather;  // activations alive, temporaries, gathered parameters
+                Bytes layers;            // the transformer layers' part of act + tmp (Megatron's CUDA graph pool)
             };
             std::vector<Moment> moments;
+            const Bytes layer_act_peak = act_peak - std::min(act_peak, act_nl_peak);
             // Forward start: the embedding's gathered parameters and the first layer's prefetch.
-            if (embeddings) moments.push_back({"forward", Bytes(0), Bytes(0), gather_first_fwd});
+            if (embeddings) moments.push_back({"forward", Bytes(0), Bytes(0), gather_first_fwd, Bytes(0)});
             // Forward end: the logits and their fp32 copy live through the loss;
             // full recompute: autocast's weight-cast cache until forward returns.
             {
@@ -546,17 +577,19 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 // before the logits exist; the fp32 copy comes after it is freed.
                 const Bytes at_head = (logits_saved ? Bytes(0) : ll) + max(head ? loss_cast : Bytes(0), job.dequant_in_forward ? hdq : Bytes(0)),
                             at_layer = job.dequant_in_forward ? dequant : Bytes(0);
+                // The previous micro-batch's held logits keep its graph, and
+                // with it the 4-bit inputs bitsandbytes < 0.43.2 keeps (held_quant).
                 if (at_head + gather_head >= at_layer + gather_max)
-                    moments.push_back({"forward", act_peak, held_output + held_l + at_head + autocast_unsaved, gather_head});
+                    moments.push_back({"forward", act_peak, held_output + held_l + held_quant + at_head + autocast_unsaved, gather_head, layer_act_peak});
                 else
-                    moments.push_back({"forward", act_peak, held_output + held_l + at_layer + autocast_unsaved, gather_max});
+                    moments.push_back({"forward", act_peak, held_output + held_l + held_quant + at_layer + autocast_unsaved, gather_max, layer_act_peak + at_layer});
             }
             if (head) {
                 // Backward of log_softmax: its fp32 output-gradient and input-gradient.
                 // (fused kernels: the gradient of the loss input only)
                 const Bytes loss_grad = loss_logp > Bytes(0) ? loss_logp + (loss_cast > Bytes(0) ? loss_cast : ll) : loss_in;
                 // (held logits the loss saved are in act_peak already)
-                moments.push_back({"backward", act_peak, held_output + (logits_saved ? Bytes(0) : held_l) + loss_grad + grad_head, gather_head});
+                moments.push_back({"backward", act_peak, held_output + (logits_saved ? Bytes(0) : held_l) + loss_grad + grad_head, gather_head, layer_act_peak});
                 // Backward of the output layer: log_softmax's saved output is gone; the
                 // logits' gradient and, when tied, the embedding-sized gradient.
                 // Its own weight's gradient: a new one (amp: a 16-bit gradient cast to
@@ -565,7 +598,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 if (grads_per_op && !grad_buffer && head_wgrad > Bytes(0))
                     own = kept ? head_wgrad : head_wgrad + (job.amp && job.tdt == DType::F32 ? Bytes(head_wgrad.count() / 2) : Bytes(0));
                 if (inbwd) own = inbwd_head;  // stepped and freed in its hook
-                moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved), held_output + held_l + ll + tied_grad + own + grad_head + hdq, gather_head});
+                moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved), held_output + held_l + ll + tied_grad + own + grad_head + hdq, gather_head,
+                                   layer_act_peak});
             }
             // The layers, one at a time: the largest gradient pair (with a
             // checkpointed layer rebuilt), the layer's gathered parameters and
@@ -577,13 +611,19 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 // saves before the first rebuild.
                 const Bytes layers_act = act_peak - std::min(act_peak, head_saved);
                 const Bytes trail = std::min(layers_act, recompute_trailing);
-                const Bytes common = held_output + held_l + tied_grad + block_grad_max + pipeline_grad_in + inbwd_tmp;
-                if (trail > Bytes(0)) moments.push_back({"backward", layers_act, common + max(grad_pair, dequant), gather_max});
+                // The output layer's new weight gradient (untied, or the last
+                // stage's tied copy) is held through the layers' backward.
+                const Bytes head_grad_held = head && grads_per_op && !grad_buffer && !kept && !inbwd ? head_wgrad : Bytes(0);
+                const Bytes common = held_output + held_l + tied_grad + head_grad_held + block_grad_max + pipeline_grad_in + inbwd_tmp;
+                // The embeddings' saves are not the layers'.
+                const Bytes emb_act = act_nl_peak - std::min(act_nl_peak, head_saved);
+                const auto layer_part = [&](Bytes a) { return a - std::min(a, emb_act); };
+                if (trail > Bytes(0)) moments.push_back({"backward", layers_act, common + max(grad_pair, dequant), gather_max, layer_part(layers_act) + max(grad_pair, dequant)});
                 // The rebuilt layer's saves, with its largest forward transient or
                 // (later) its largest gradient pair, not both.
                 const Bytes rebuilt = recompute > Bytes(0) ? recompute - std::min(recompute, recompute_largest) + max(max(grad_pair, dequant), recompute_largest)
                                                            : max(grad_pair, dequant);
-                moments.push_back({"backward", layers_act - trail, common + rebuilt, gather_max});
+                moments.push_back({"backward", layers_act - trail, common + rebuilt, gather_max, layer_part(layers_act - trail) + rebuilt});
             }
             Moment worst = moments.front();
             for (const auto& mo : moments)
@@ -661,6 +701,45 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                     sm.gathered_params = kept_gather + worst.gather;
                     sm.transient = worst.tmp;
                 }
+            }
+            // CUDA graphs (memory/framework.hpp): the graphs' private pool keeps
+            // the segments of its own peak for the whole run; the general pool
+            // cannot use them, nor can the graphs use the general pool's free
+            // blocks. Eager training shares one cache, so its reserved follows
+            // max_t(general + pool); with graphs it is max_t general + max_t pool.
+            // At every moment allocated = general + pool: the pool's part is the
+            // layers' activations and temporaries (megatron), or everything the
+            // forward and backward make, parameter gradients included
+            // (compile), the general pool's part the rest.
+            if (job.framework.cuda_graphs != CudaGraphs::None) {
+                const bool compile_pool = job.framework.cuda_graphs == CudaGraphs::Compile;
+                const Bytes g_pool = grad_buffer ? Bytes(0) : g_kept;
+                const auto pool_of = [&](const Moment& mo) { return compile_pool ? mo.act + mo.tmp + g_pool : mo.layers; };
+                Bytes pool_max, general_max;
+                const auto add = [&](Bytes total, Bytes pool) {
+                    pool = std::min(pool, total);
+                    pool_max = max(pool_max, pool);
+                    general_max = max(general_max, total - pool);
+                };
+                for (const auto& mo : moments) add(base + mo.act + mo.tmp + mo.gather, pool_of(mo));
+                // Backward end: the first layer's gradient pair (and rebuild) in the
+                // pool; compile: everything but the states and gathered parameters.
+                const Bytes end_general = states + max(gather_max, gather_near_first);
+                const Bytes end_pool = compile_pool ? bwd_end - std::min(bwd_end, end_general)
+                                             : grad_pair + (has_layers && recompute > Bytes(0) ? recompute : Bytes(0));
+                add(bwd_end, end_pool);
+                // Optimizer step (eager): compile's gradients and held logits are pool tensors.
+                const Bytes opt_pool = compile_pool ? held_l + (grad_buffer ? Bytes(0) : G_step + round_grads) : Bytes(0);
+                add(opt, opt_pool);
+                Bytes peak_pool;
+                if (opt > sm.forward_backward_peak) peak_pool = opt_pool;
+                else if (bwd_end > fb) peak_pool = end_pool;
+                else peak_pool = pool_of(worst);
+                peak_pool = std::min(peak_pool, sm.allocated);
+                // The pool's segments: its peak in 2 MiB pages (kRoundLarge).
+                sm.graph_pool = pool_max.round_up(MiB(2).count());
+                sm.graph_pool_idle = sm.graph_pool - peak_pool;
+                sm.graph_general_extra = general_max - std::min(general_max, sm.allocated - peak_pool);
             }
         } else {
             // Generation (HF generate()): the prompt through this rank's blocks

@@ -37,11 +37,15 @@ bool tp_split(const Param& p) {
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return b <= 1 ? a : (a + b - 1) / b; }
 }  // namespace
 
-std::int64_t rank_param_elems(const Param& prm, std::int64_t tp) {
+std::vector<std::int64_t> rank_param_shape(const Param& prm, std::int64_t tp) {
     std::vector<std::int64_t> shape = prm.shape;
     if (tp_split(prm) && !shape.empty()) shape[0] = ceil_div(shape[0], tp);
+    return shape;
+}
+
+std::int64_t rank_param_elems(const Param& prm, std::int64_t tp) {
     std::int64_t n = 1;
-    for (auto d : shape) n = checked_mul(n, d);
+    for (auto d : rank_param_shape(prm, tp)) n = checked_mul(n, d);
     return n;
 }
 
@@ -88,8 +92,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
             RankTensor t;
             t.block = static_cast<std::int32_t>(bi);
             t.param = static_cast<std::int32_t>(pi);
-            t.shape = prm.shape;
-            if (split && !t.shape.empty()) t.shape[0] = ceil_div(t.shape[0], tp);
+            t.shape = rank_param_shape(prm, tp);
             t.elems = rank_param_elems(prm, tp);
             t.copies = checked_mul(expert ? ceil_div(prm.count, c.ep) : prm.count, n);
             t.shard = expert ? lay.expert_shard : lay.shard;

@@ -235,31 +235,70 @@ void rewrite_loss(Block& b, const GraphRewrite& rw) {
     }
 }
 
-// Linears save an FP8 copy of their input for the weight gradient.
-void fp8_inputs(Block& b) {
+// A quantized copy of `e` elements in 1-byte units: num/den bytes per element
+// plus a 1-byte block scale per `block` elements (model/rewrite.hpp).
+Extent quantized_extent(const Extent& e, const GraphRewrite& rw) {
+    const auto q = [&](std::int64_t c) {
+        if (c == 0) return std::int64_t{0};
+        std::int64_t n = (c * rw.fp8_num + rw.fp8_den - 1) / rw.fp8_den;
+        if (rw.fp8_scale_block > 0) n += (c + rw.fp8_scale_block - 1) / rw.fp8_scale_block;
+        return n;
+    };
+    return {q(e.c0), q(e.c1), q(e.c2)};
+}
+
+// Transformer Engine linears save the column-wise quantized copy of their
+// input for the weight gradient (TransformerEngine module/linear.py
+// @d0067d0da6cb L600-621), not the 16-bit input. The output layer and routers
+// are not TE modules (Megatron's output layer and TopKRouter run in torch).
+void fp8_inputs(Block& b, const GraphRewrite& rw) {
+    const bool fp4 = rw.fp8_den > 1;
+    // An attention site's output, directly or through views.
+    const auto attention_output = [&](TensorId t) {
+        for (const AttentionSite& s : b.attention)
+            for (TensorId x = t; x >= 0; x = b.tensors[static_cast<std::size_t>(x)].alias_of)
+                if (x == s.out) return true;
+        return false;
+    };
+    std::vector<std::pair<TensorId, TensorId>> copies;  // input -> its quantized copy (shared inputs)
     for (std::size_t i = 0; i < b.ops.size(); ++i) {
-        if (b.ops[i].kind != OpKind::Linear || is_output_head(b.ops[i])) continue;
+        Op& op = b.ops[i];
+        if (op.kind != OpKind::Linear || is_output_head(op) || op.inputs.empty()) continue;
+        if (!op.params.empty() && b.params[static_cast<std::size_t>(op.params.front())].component == Component::Router) continue;
+        const TensorId x = op.inputs.front();
+        // Megatron: the output projection saves the attention output itself
+        // (transformer/attention.py@d98e8a64ddf3 L428-444).
+        if (rw.fp8_attention_out_original && attention_output(x)) continue;
         std::vector<SavedRef> saved;
         bool any = false;
-        for (const auto& s : b.ops[i].saved) {
-            if (s.tensor == b.ops[i].inputs.front() && s.only_for_param_grad) {
+        for (const auto& s : op.saved) {
+            if (s.tensor == x && s.only_for_param_grad) {
                 any = true;
                 continue;
             }
             saved.push_back(s);
         }
         if (!any) continue;
-        const TensorId x = b.ops[i].inputs.front();
-        const TensorId x8 = static_cast<TensorId>(b.tensors.size());
-        b.tensors.push_back(TensorInfo{b.ops[i].name + ".input_fp8", b.tensors[static_cast<std::size_t>(x)].extent, ActRole::Float8, -1, {}});
+        TensorId x8 = -1;
+        if (rw.fp8_share_inputs)
+            for (const auto& [in, q] : copies)
+                if (in == x) x8 = q;
+        const bool fresh = x8 < 0;
+        if (fresh) {
+            x8 = static_cast<TensorId>(b.tensors.size());
+            b.tensors.push_back(TensorInfo{op.name + (fp4 ? ".input_fp4" : ".input_fp8"), quantized_extent(b.tensors[static_cast<std::size_t>(x)].extent, rw),
+                                           ActRole::Float8, -1, {}, b.tensors[static_cast<std::size_t>(x)].axis});
+            copies.emplace_back(x, x8);
+        }
         saved.push_back({x8, false, true});
+        op.saved = std::move(saved);
+        op.inputs.push_back(x8);
+        if (!fresh) continue;
         Op q;
         q.kind = OpKind::Elementwise;
-        q.name = b.ops[i].name + ".quantize_fp8";
+        q.name = op.name + (fp4 ? ".quantize_fp4" : ".quantize_fp8");
         q.inputs = {x};
         q.outputs = {x8};
-        b.ops[i].saved = std::move(saved);
-        b.ops[i].inputs.push_back(x8);
         b.ops.insert(b.ops.begin() + static_cast<std::ptrdiff_t>(i), std::move(q));
         ++i;
     }
@@ -275,7 +314,7 @@ ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw) {
         if (rw.fused_glu) fuse_glu(b);
         if (rw.fused_rope) fuse_rope(b);
         if (rw.attention_out_view) attention_views(b);
-        if (rw.fp8_linear_inputs) fp8_inputs(b);
+        if (rw.fp8_linear_inputs) fp8_inputs(b, rw);
         rewrite_loss(b, rw);
     }
     return out;

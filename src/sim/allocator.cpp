@@ -11,7 +11,9 @@
 // Deliberate simplifications (no effect on the byte counts of a single-device,
 // single-process trace):
 //   * no CUDA events / recordStream (a freed block is reusable at once),
-//   * no CUDA graph private pools, no IPC, no free-memory callbacks,
+//   * CUDA graph private pools only as streams >= kGraphPoolStream (a pool's
+//     blocks keyed by its own stream, never released: the graphs outlive the
+//     trace), no IPC, no free-memory callbacks,
 //   * `capacity` plays two roles: what cudaMalloc/cuMemCreate can hand out, and
 //     allowed_memory_maximum for garbage_collection_threshold (PyTorch only runs
 //     the GC when set_per_process_memory_fraction() was called; we run it when
@@ -295,14 +297,18 @@ struct CachingAllocator::Impl {
         ++stats.segments;
         ++stats.cuda_mallocs;
         add_reserved(p.alloc_size);
+        if (is_private(p.stream)) stats.reserved_private += Bytes(p.alloc_size);
         return true;
     }
+
+    static bool is_private(int stream) { return stream >= kGraphPoolStream; }
 
     // release_block: cudaFree of a whole (unsplit) cached segment.
     void release_block(Block* b) {
         --stats.segments;
         ++stats.cuda_frees;
         stats.reserved -= Bytes(b->size);
+        if (is_private(b->stream)) stats.reserved_private -= Bytes(b->size);
         b->pool->blocks.erase(b);
         segs.erase(b->addr);
         delete_block(b);
@@ -312,7 +318,7 @@ struct CachingAllocator::Impl {
     // oversize cached block >= max(request, max_split_size); if there is none,
     // free oversize blocks from the largest down until enough bytes were freed.
     bool release_available_cached_blocks(const Params& p) {
-        if (max_split == kNoLimit) return false;
+        if (max_split == kNoLimit || is_private(p.stream)) return false;
         BlockPool& pool = *p.pool;
         Block key;
         key.stream = p.stream;
@@ -350,6 +356,7 @@ struct CachingAllocator::Impl {
         for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
             Block* b = *it;
             ++it;
+            if (is_private(b->stream)) continue;  // graph_pools_freeable only: the graphs live
             if (b->es) {
                 to_unmap.push_back(b);
             } else if (!b->is_split()) {
@@ -384,7 +391,7 @@ struct CachingAllocator::Impl {
         std::int64_t total_age = 0;
         std::int64_t freeable = 0;
         for (const Block* b : pool.blocks) {
-            if (!b->is_split() && !b->es) {
+            if (!b->is_split() && !b->es && !is_private(b->stream)) {
                 total_age += age(b);
                 ++freeable;
             }
@@ -397,7 +404,7 @@ struct CachingAllocator::Impl {
             for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
                 Block* b = *it;
                 ++it;
-                if (!b->is_split() && !b->es && static_cast<double>(age(b)) >= age_threshold) {
+                if (!b->is_split() && !b->es && !is_private(b->stream) && static_cast<double>(age(b)) >= age_threshold) {
                     block_freed = true;
                     reclaimed += b->size;
                     total_age -= age(b);
@@ -477,6 +484,7 @@ struct CachingAllocator::Impl {
         es.mapped += mapped_size;
         ++stats.cuda_mallocs;
         add_reserved(mapped_size);
+        if (is_private(to_map->stream)) stats.reserved_private += Bytes(mapped_size);
         return true;
     }
 
@@ -591,6 +599,7 @@ struct CachingAllocator::Impl {
         // 31-bit generation (>= 1): handles stay positive and never equal kNullBlock.
         block->gen = block->gen >= 0x7fffffffU ? 1U : block->gen + 1U;
         stats.allocated += Bytes(block->size);
+        if (is_private(block->stream)) stats.allocated_private += Bytes(block->size);
         stats.requested += Bytes(orig_size);
         stats.peak_allocated = max(stats.peak_allocated, stats.allocated);
         stats.peak_requested = max(stats.peak_requested, stats.requested);
@@ -615,7 +624,7 @@ struct CachingAllocator::Impl {
             auto it = pool->blocks.end();
             while (it != pool->blocks.begin()) {
                 --it;
-                best = std::max(best, (*it)->size);
+                if (!is_private((*it)->stream)) best = std::max(best, (*it)->size);  // a graph pool's blocks serve no eager request
                 Block key;
                 key.stream = (*it)->stream;
                 key.size = std::numeric_limits<std::int64_t>::min();
@@ -677,6 +686,7 @@ struct CachingAllocator::Impl {
         // free: stats first, then free_block.
         b->allocated = false;
         stats.allocated -= Bytes(b->size);
+        if (is_private(b->stream)) stats.allocated_private -= Bytes(b->size);
         stats.requested -= Bytes(b->requested);
         --stats.allocations;
         b->requested = 0;

@@ -17,7 +17,7 @@ namespace gpumem {
 namespace {
 
 // Kinds of live memory at the peak, told apart by the labels the step simulation (sim/step_*.cpp) writes.
-enum Kind : std::uint8_t { kWeights, kAdapters, kMaster, kGrads, kOptStates, kActivations, kActGrads, kCasts, kKv, kWorkspace, kOptTemp, kGathered, kComm, kKinds };
+enum Kind : std::uint8_t { kWeights, kAdapters, kMaster, kGrads, kOptStates, kFp8, kActivations, kActGrads, kCasts, kKv, kWorkspace, kOptTemp, kGathered, kComm, kKinds };
 
 struct KindInfo {
     const char* key;
@@ -29,6 +29,7 @@ constexpr std::array<KindInfo, kKinds> kKindInfo{{
     {"master_weights", "fp32 master weights"},
     {"gradients", "parameter gradients"},
     {"optimizer_states", "optimizer states"},
+    {"fp8_weight_copies", "FP8 weight copies and scaling state"},
     {"activations", "activations (saved and in flight)"},
     {"activation_gradients", "activation gradients"},
     {"autocast_weight_casts", "autocast 16-bit weight copies"},
@@ -42,6 +43,7 @@ constexpr std::array<KindInfo, kKinds> kKindInfo{{
 Kind kind_of(const std::string& label) {
     auto has = [&](const char* s) { return label.find(s) != std::string::npos; };
     if (has("(weight)")) return kWeights;
+    if (has("(fp8 weight copy)") || has("(fp8 scaling state)")) return kFp8;
     if (has("gathered parameters")) return kGathered;
     if (has("gradient buckets") || has("pipeline receive buffer")) return kComm;
     if (has("LoRA adapters")) return kAdapters;
@@ -216,7 +218,17 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         }
         r.breakdown.push_back({"allocator_rounding", "allocator rounding (512 B blocks, unsplit remainders)", pg.peak_allocated - sum,
                                pytorch ? "allocated minus requested bytes at the peak" : "none (--allocator none)"});
-        r.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", pg.allocator_overhead,
+        // CUDA graphs: the graph pool's reserved bytes no tensor used at the
+        // reserved peak, which no eager allocation could use either.
+        Bytes graph_idle;
+        if (j.framework.cuda_graphs != CudaGraphs::None && pytorch) {
+            graph_idle = std::min(rep.graph_pool_free_at_reserved_peak, pg.allocator_overhead);
+            r.breakdown.push_back({"cuda_graph_pool", "CUDA graph pool (reserved, unused at the peak)", graph_idle,
+                                   "private pool of " + format_bytes(rep.graph_pool_reserved) + ": its free bytes at the reserved peak, which eager allocations cannot use"});
+            s.graph_pool = rep.graph_pool_reserved;
+            s.notes.push_back("CUDA graph pool: " + format_bytes(rep.graph_pool_reserved) + " reserved (" + to_string(j.framework.cuda_graphs) + ")");
+        }
+        r.breakdown.push_back({"allocator_overhead", "allocator cache (reserved - allocated)", pg.allocator_overhead - graph_idle,
                                pytorch ? "cached free blocks at the reserved peak; largest free block at the allocated peak " +
                                              format_bytes(s.largest_free_block_at_peak)
                                        : "none (--allocator none)"});

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,13 +30,16 @@ public:
 
     Phase phase = Phase::Setup;
     std::int32_t step = 0;
+    // The allocator stream of new allocations: 0, or kGraphPoolStream while a
+    // CUDA graph's region runs (its allocations come from the graph's pool).
+    int stream = 0;
 
     std::int64_t alloc(Bytes size, std::int32_t label) {
         if (size <= Bytes(0)) return 0;
         const auto id = static_cast<std::int64_t>(sizes_.size());
         sizes_.push_back(size);
         refs_.push_back(1);
-        t_.events.push_back({TraceEvent::Kind::Alloc, phase, 0, id, size, label, step});
+        t_.events.push_back({TraceEvent::Kind::Alloc, phase, stream, id, size, label, step});
         live_ += size;
         return id;
     }
@@ -53,6 +58,8 @@ public:
     }
     void transient(Bytes size, std::int32_t label) { unref(alloc(size, label)); }
     void mark() { t_.events.push_back({TraceEvent::Kind::PhaseMark, phase, 0, 0, Bytes(0), -1, step}); }
+    // torch.cuda.empty_cache(): cached blocks of the general pool go back to the driver.
+    void empty_cache() { t_.events.push_back({TraceEvent::Kind::EmptyCache, phase, 0, 0, Bytes(0), -1, step}); }
     [[nodiscard]] Bytes live() const { return live_; }
     std::int32_t label(std::string s) { return t_.add_label(std::move(s)); }
 
@@ -86,6 +93,9 @@ struct BlockPlan {
     std::vector<char> quant_saves;      // per op: a frozen quantized linear keeping its input (bitsandbytes)
     std::vector<Bytes> lora_a, lora_b;
     std::vector<std::vector<Bytes>> lora_grads;
+    // per op: Transformer Engine's cached FP8 weight workspace and delayed-scaling
+    // state of its weights on this rank (memory/fp8.hpp), made by its first forward
+    std::vector<std::vector<Bytes>> fp8_copies, fp8_state;
     bool checkpointed = false;
 };
 
@@ -130,6 +140,9 @@ private:
     void optimizer_step(int step);
     void inference();
     std::vector<Instance> forward_chunk(std::int64_t chunk);
+    // The allocator stream of a block's forward and backward: the CUDA graph
+    // pool's while the block runs as (or inside) a graph (--cuda-graphs), else 0.
+    [[nodiscard]] int graph_stream(const BlockPlan& p) const;
     void backward_chunk(std::int64_t chunk, std::vector<Instance>& stack);
 
     const ModelGraph& g_;
@@ -174,6 +187,10 @@ private:
     std::int64_t bucket_ = 0;
     std::int64_t prefetched_ = 0;         // ZeRO-3 / FSDP: the next layer's parameters gathered early
     bool recomputing_ = false;            // a checkpointed layer's forward re-run in backward
+    // Block instances whose FP8 weight workspaces exist: (chunk, plan, instance
+    // in the chunk); fp8_instance_ is the instance forward() runs.
+    std::set<std::tuple<std::int64_t, std::size_t, std::int64_t>> fp8_made_;
+    std::int64_t fp8_instance_ = 0;
     std::map<std::string, std::pair<std::int64_t, bool>> shared_;  // key -> (tensor, requires grad)
     std::map<std::string, std::int64_t> shared_grad_;
     [[nodiscard]] bool first_vstage(std::int64_t chunk) const { return chunk * pp_ + rank_ == 0; }

@@ -60,6 +60,23 @@ void StepBuilder::rank_setup() {
     em_.mark();
 }
 
+// CUDA graphs (--cuda-graphs, memory/framework.hpp): a graphed block's forward
+// and backward allocate from the graphs' private pool. torch.compile(mode=
+// "reduce-overhead") graphs the whole compiled forward and backward and runs
+// its warm-up in the pool too (pytorch/pytorch torch/_inductor/
+// cudagraph_trees.py@00008d32e650 CUDAWarmupNode), so every step; Megatron-Core
+// records its layers in the first step, which runs eager, and captures them at
+// its end (NVIDIA/Megatron-LM megatron/core/transformer/cuda_graphs.py@d98e8a64ddf3
+// L732-743, L1655-1710): the layers from the second step on.
+int StepBuilder::graph_stream(const BlockPlan& p) const {
+    switch (job_.framework.cuda_graphs) {
+        case CudaGraphs::Compile: return kGraphPoolStream;
+        case CudaGraphs::Megatron: return p.blk->checkpointable && em_.step >= 1 ? kGraphPoolStream : 0;
+        case CudaGraphs::None: break;
+    }
+    return 0;
+}
+
 std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
     em_.phase = Phase::Forward;
     chunk_ = chunk;
@@ -88,7 +105,10 @@ std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
             if (p.blk->name == "head") em_.phase = Phase::Loss;
             // Every N-th checkpointable instance of the chunk (memory/activations.hpp).
             const bool ck = p.checkpointed && checkpointed_instance(ck_index++, job_.actx);
+            em_.stream = graph_stream(p);
+            fp8_instance_ = r;
             Instance in = forward(p, x, rg, true, !ck, next);
+            em_.stream = 0;
             in.checkpointed = ck;
             const auto out_st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(p.blk->output)]);
             if (ck && job_.actx.activation_offload) {
@@ -154,6 +174,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
         Instance& in = *it;
         const auto pi = static_cast<std::size_t>(in.plan - plans_.data());
         const Bytes next = std::next(it) != stack.rend() ? block_gather_[static_cast<std::size_t>(std::next(it)->plan - plans_.data())] : Bytes(0);
+        em_.stream = graph_stream(*in.plan);
         if (in.checkpointed) {
             // Re-run the layer's forward from the kept input, then its backward.
             if (in.offloaded > Bytes(0)) in.checkpoint = em_.alloc(in.offloaded, em_.label(in.plan->blk->name + " input (back from CPU)"));
@@ -173,6 +194,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
         } else {
             g = backward(in, g, next);
         }
+        em_.stream = 0;
         (void)pi;
     }
     em_.unref(prefetched_);
@@ -233,6 +255,9 @@ void StepBuilder::run() {
     const std::vector<PipelineOp> schedule = pipeline_schedule(pp_, vpp_, m_sim, rank_);
     for (int s = 0; s < opt_.steps; ++s) {
         em_.step = s;
+        // torch.compile(mode="reduce-overhead") warms up in the first step and
+        // records its graphs in the second (the capture empties the cache).
+        if (job_.framework.cuda_graphs == CudaGraphs::Compile && s == 1) em_.empty_cache();
         out_.steps.push_back({});
         out_.steps.back().after_setup = after_setup;
         std::map<std::pair<std::int64_t, std::int64_t>, std::vector<Instance>> inflight;
@@ -248,6 +273,11 @@ void StepBuilder::run() {
                 inflight.erase(it);
             }
         }
+        // A CUDA graph capture begins with torch.cuda.empty_cache()
+        // (pytorch/pytorch torch/cuda/graphs.py@006be72d443c graph.__enter__):
+        // Megatron captures after the first step's backward (megatron/core/
+        // pipeline_parallel/schedules.py@d98e8a64ddf3 L888-889).
+        if (job_.framework.cuda_graphs == CudaGraphs::Megatron && s == 0) em_.empty_cache();
         optimizer_step(s);
     }
 }

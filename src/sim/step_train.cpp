@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "gpumem/memory/features.hpp"
+#include "gpumem/memory/fp8.hpp"
 #include "step_internal.hpp"
 
 namespace gpumem::sim::detail {
@@ -67,6 +68,8 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
     p.lora_a.assign(nops, Bytes(0));
     p.lora_b.assign(nops, Bytes(0));
     p.lora_grads.assign(nops, {});
+    p.fp8_copies.assign(nops, {});
+    p.fp8_state.assign(nops, {});
     for (std::size_t o = 0; o < nops; ++o) {
         const Op& op = b.ops[o];
         p.has_weight[o] = !op.params.empty() || (op.kind == OpKind::Linear && op.in_features > 0) || op.kind == OpKind::Embedding;
@@ -78,6 +81,13 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             const std::int64_t per = rank_param_elems(prm, tp);
             const std::int64_t copies = prm.component == Component::Experts ? (prm.count + lay.cfg.ep - 1) / lay.cfg.ep : prm.count;
             elems = checked_add(elems, checked_mul(per, copies));
+            // Transformer Engine's FP8 weight workspace of each tensor (rank_tensors' shape).
+            const Fp8WeightAllocs fa = inference ? Fp8WeightAllocs{} : fp8_weight_allocs(job, prm, rank_param_shape(prm, tp));
+            if (fa.total() > Bytes(0))
+                for (std::int64_t k = 0; k < copies; ++k) {
+                    p.fp8_copies[o].insert(p.fp8_copies[o].end(), fa.copies.begin(), fa.copies.end());
+                    p.fp8_state[o].insert(p.fp8_state[o].end(), fa.state.begin(), fa.state.end());
+                }
             if (job.train && !job.lora)
                 for (std::int64_t k = 0; k < copies; ++k) {
                     p.param_grads[o].push_back(dtype_bytes(job.tdt, per));
@@ -164,6 +174,10 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     in.plan = &p;
     in.input = input;
     in.input_rg = input_rg;
+    // Transformer Engine quantizes each weight into a workspace its module
+    // caches on the instance's first forward (linear.py@d0067d0da6cb
+    // L1958-1961, L2068-2071): made then, in the general pool, never freed.
+    const bool fp8_new = grad_mode && !recomputing_ && fp8_made_.emplace(chunk_, static_cast<std::size_t>(&p - plans_.data()), fp8_instance_).second;
     // ZeRO-3 / FSDP: all-gather the layer's parameters before its forward
     // (the part not prefetched already) and prefetch the next layer's.
     std::int64_t gathered = 0;
@@ -299,6 +313,14 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
             if (job_.framework.logits == LogitsLifetime::Kept) result_refs_.push_back(id);
             else forward_refs_.push_back(id);
         }
+        if (fp8_new && (!p.fp8_copies[o].empty() || !p.fp8_state[o].empty())) {
+            const int stream = em_.stream;
+            em_.stream = 0;
+            const std::string at = b.name + "." + op.name;
+            for (const Bytes& a : p.fp8_state[o]) em_.alloc(a, em_.label(at + " (fp8 scaling state)"));
+            for (const Bytes& a : p.fp8_copies[o]) em_.alloc(a, em_.label(at + " (fp8 weight copy)"));
+            em_.stream = stream;
+        }
         if (is_matmul(op.kind)) workspace(false);
         // Autocast caches a 16-bit copy of each fp32 weight for the forward; the
         // matmul keeps it for backward when its input needs a gradient.
@@ -322,8 +344,22 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
         // input itself, or the 4-bit layer's cast of it to the compute dtype.
         if (record && any_in_rg && !base_tr && p.quant_saves[o]) {
             const auto x = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.inputs.front())]);
-            if (job_.quant == Quant::Int8 || p.dt[x] == c.lowered) keep(o, in.gid[x]);
-            else in.saves[o].push_back(em_.alloc(tensor_bytes(p, x, c.lowered, c), p.label[x]));
+            std::int64_t id = 0;
+            if (job_.quant == Quant::Int8 || p.dt[x] == c.lowered) {
+                id = in.gid[x];
+                keep(o, id);
+            } else {
+                id = em_.alloc(tensor_bytes(p, x, c.lowered, c), p.label[x]);
+                in.saves[o].push_back(id);
+            }
+            // MatMul4Bit before 0.43.2 keeps it as a context attribute
+            // (ctx.tensors), which backward does not free: it lives with the
+            // graph, and a loop holding the logits holds the graph until the
+            // next micro-batch rebinds them (activations.hpp quant_held).
+            if (job_.quant != Quant::Int8 && !recomputing_ && job_.framework.logits == LogitsLifetime::Kept) {
+                em_.ref(id);
+                result_refs_.push_back(id);
+            }
         }
         if (lora) {
             // PEFT lora.Linear (activations.cpp adapter_input): x cast to the

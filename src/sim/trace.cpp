@@ -90,6 +90,8 @@ public:
     [[nodiscard]] Bytes allocated() const { return alloc_ ? alloc_->stats().allocated : live_; }
     [[nodiscard]] Bytes reserved() const { return alloc_ ? alloc_->stats().reserved : live_; }
     [[nodiscard]] Bytes largest_free_block() const { return alloc_ ? alloc_->largest_free_block() : Bytes(0); }
+    [[nodiscard]] Bytes private_reserved() const { return alloc_ ? alloc_->stats().reserved_private : Bytes(0); }
+    [[nodiscard]] Bytes private_free() const { return alloc_ ? alloc_->stats().reserved_private - alloc_->stats().allocated_private : Bytes(0); }
     [[nodiscard]] const AllocatorStats& stats() const { return alloc_ ? alloc_->stats() : stats_; }
     [[nodiscard]] const std::optional<OomInfo>& last_oom() const { return oom_; }
 
@@ -184,8 +186,10 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
             res.fragmentation_at_peak = reserved - allocated;
             res.largest_free_block_at_peak = model.largest_free_block();
         }
+        res.graph_pool_reserved = max(res.graph_pool_reserved, model.private_reserved());
         if (reserved > res.peak_reserved) {
             res.peak_reserved = reserved;
+            res.graph_pool_free_at_reserved_peak = model.private_free();
             reserved_peak_point = TimelinePoint{i, e.phase, e.step, allocated, reserved};
             have_reserved_peak = true;
         }

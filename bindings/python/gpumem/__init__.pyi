@@ -91,6 +91,7 @@ class EstimateDictRequest(TypedDict, total=False):
     compile: bool
     cp: int
     cross_entropy: str
+    cuda_graphs: str
     cuda_lazy_loading: bool
     distributed_optimizer: bool
     double_quant: bool
@@ -590,6 +591,7 @@ class DoctorDictBaselineRequest(TypedDict, total=False):
     compile: bool
     cp: int
     cross_entropy: str
+    cuda_graphs: str
     cuda_lazy_loading: bool
     distributed_optimizer: bool
     double_quant: bool
@@ -683,6 +685,7 @@ class DoctorDictRemediesItemPredictionRequest(TypedDict, total=False):
     compile: bool
     cp: int
     cross_entropy: str
+    cuda_graphs: str
     cuda_lazy_loading: bool
     distributed_optimizer: bool
     double_quant: bool
@@ -844,7 +847,8 @@ def estimate(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
-    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
+    cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -924,7 +928,8 @@ def simulate(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
-    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
+    cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1009,7 +1014,8 @@ def fit(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
-    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
+    cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1075,7 +1081,8 @@ def advise(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
-    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
+    cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1154,7 +1161,8 @@ def sweep(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
-    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
+    cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1222,7 +1230,8 @@ def plan(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
-    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
+    cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,
@@ -1316,7 +1325,8 @@ def doctor(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
-    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8']] = ...,
+    fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
+    cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,

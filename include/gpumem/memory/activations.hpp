@@ -123,6 +123,13 @@ struct BlockActivations {
     Bytes recompute_largest;     // part of recompute_transient: the rebuild's largest transient tensor
     Bytes weight_casts;          // part of `total`: autocast's 16-bit weight copies
     Bytes lora;                  // part of `total`: LoRA adapter tensors
+    // Part of `total`: inputs bitsandbytes' 4-bit matmul (< 0.43.2) keeps as
+    // context attributes (ctx.tensors, bitsandbytes/autograd/_functions.py
+    // MatMul4Bit.forward): backward does not free them, the graph does, so a
+    // loop holding the logits (and with them the graph) holds them through the
+    // next micro-batch's forward. Checkpointed instances keep none (their
+    // rebuilt graph dies in backward).
+    Bytes quant_held;
     Bytes unsaved_casts;         // full recompute: weight copies cached until forward returns (not in `total`)
 };
 
@@ -130,6 +137,7 @@ struct ActivationResult {
     Bytes saved;                 // total saved for backward, deduplicated, parameters excluded
     Bytes autocast_weight_casts; // part of `saved`: cached 16-bit copies of weights
     Bytes lora_adapters;         // part of `saved`: the adapters' rank-r outputs
+    Bytes quant_held;            // part of `saved`: BlockActivations::quant_held summed
     Bytes recompute_transient;   // full recompute: one layer's activations rebuilt in backward
     // Full recompute: autocast's weight-cast cache still holds every 16-bit
     // weight copy until the forward leaves the autocast region (not saved).

@@ -104,6 +104,7 @@ struct SimulationSummary {
     std::int32_t peak_step = 0;
     Bytes fragmentation_at_peak;    // reserved - allocated when allocated peaked
     Bytes largest_free_block_at_peak;
+    Bytes graph_pool;               // CUDA graphs (--cuda-graphs): the private pool's reserved bytes at their most
     std::vector<Tensor> top_at_peak;
     std::vector<PhasePeak> phases;
     std::vector<Sample> timeline;

@@ -74,6 +74,7 @@ struct FrameworkChoice {
     bool compile = false;
     bool activation_offload = false;
     Fp8Recipe fp8 = Fp8Recipe::None;
+    CudaGraphs cuda_graphs = CudaGraphs::None;  // training only
     GraphRewrite rewrite;            // what the graph rewrite applies
     std::vector<std::string> assumptions;
 };

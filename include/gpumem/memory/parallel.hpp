@@ -167,6 +167,7 @@ struct StageMemory {
     Bytes optimizer_states;        // incl. fp32 master weights; 0 when offloaded
     Bytes paged_optimizer_states;  // bitsandbytes paged states in CUDA managed memory (outside the allocator, not in `allocated`)
     Bytes master_weights;          // part of optimizer_states
+    Bytes fp8_weights;             // Transformer Engine's cached FP8 weight copies and scaling state (memory/fp8.hpp)
     Bytes activations;             // saved activations of the micro-batches in flight (at their most)
     Bytes activations_at_peak;     // the part alive at the memory peak (0 in the optimizer step)
     Bytes kv_cache;                // inference: this rank's layers and key/value heads
@@ -179,6 +180,13 @@ struct StageMemory {
     Bytes forward_backward_peak;   // states + activations in flight + forward/backward temporaries
     Bytes optimizer_peak;          // states + all gradients + optimizer-step temporaries
     std::string peak_phase;        // "forward", "backward", "optimizer" (training), "prefill", "decode"
+    // CUDA graphs in training (--cuda-graphs): the graphs' private pool (its
+    // peak, in 2 MiB pages), the part of it no tensor uses at the allocated
+    // peak, and what the general pool reserves beyond its allocation at that
+    // peak because its own peak comes at another moment (memory/framework.hpp).
+    Bytes graph_pool;
+    Bytes graph_pool_idle;
+    Bytes graph_general_extra;
     // Filled by the step simulation for the ranks it ran (simulate_estimate).
     bool simulated = false;
     Bytes simulated_peak_allocated;
@@ -229,6 +237,9 @@ std::vector<std::int64_t> divisors(std::int64_t n);
 // split their first dimension over tp.
 struct Param;
 std::int64_t rank_param_elems(const Param& prm, std::int64_t tp);
+// The shape of one tensor of a parameter on a rank (its first dimension split
+// over tp where the parameter is split): RankTensor::shape.
+std::vector<std::int64_t> rank_param_shape(const Param& prm, std::int64_t tp);
 
 // The parameter tensors of pipeline rank `rank` (all of them for one GPU).
 std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const std::vector<std::vector<std::int32_t>>& instance_stage,

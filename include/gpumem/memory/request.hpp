@@ -62,9 +62,17 @@ enum class LogitsLifetime { Freed, Kept };
 // RoPE: Liger, Unsloth, torchtune/torchtitan compiled), or Transformer Engine
 // layers (Megatron-Core).
 enum class Kernels { Eager, Fused, TE };
-// FP8 training recipe (memory and time): TransformerEngine delayed or current
-// scaling, torchao Float8 tensorwise / rowwise, MXFP8 block scaling.
-enum class Fp8Recipe { None, Delayed, Current, Tensorwise, Rowwise, MXFP8 };
+// FP8 / FP4 training recipe (memory and time; memory/fp8.hpp): Transformer
+// Engine delayed or current scaling, MXFP8 and NVFP4 block scaling, torchao
+// Float8 tensorwise / rowwise.
+enum class Fp8Recipe { None, Delayed, Current, Tensorwise, Rowwise, MXFP8, NVFP4 };
+// CUDA graphs in training (memory/framework.hpp, docs/frameworks.md):
+// `compile` is torch.compile(mode="reduce-overhead") (Inductor's CUDA graph
+// trees: the compiled forward and backward in one private pool per device);
+// `megatron` is Megatron-Core's per-layer graphs (--cuda-graph-impl local,
+// formerly --enable-cuda-graph: every transformer layer's forward and backward
+// captured into one shared private pool; embedding, loss and optimizer eager).
+enum class CudaGraphs { None, Compile, Megatron };
 
 const char* to_string(Mode);
 const char* to_string(Precision);
@@ -83,6 +91,7 @@ const char* to_string(CrossEntropy);
 const char* to_string(LogitsLifetime);
 const char* to_string(Kernels);
 const char* to_string(Fp8Recipe);
+const char* to_string(CudaGraphs);
 
 struct EstimateRequest {
     std::string model;                 // preset name, path, or "" with params_count
@@ -140,6 +149,7 @@ struct EstimateRequest {
     std::optional<bool> compile;               // torch.compile of the model (Inductor); default the framework's
     std::optional<bool> activation_offload;    // saved activations offloaded to CPU (torchtune, Unsloth); default the framework's
     Fp8Recipe fp8_recipe = Fp8Recipe::None;    // FP8 linears: memory and time (implies --fp8 for time)
+    CudaGraphs cuda_graphs = CudaGraphs::None; // CUDA graphs in training: a private pool the eager allocations cannot use
     ParallelConfig parallel;           // distributed layout (default: one GPU)
 };
 

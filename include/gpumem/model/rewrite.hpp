@@ -20,8 +20,11 @@
 //    logsumexp per row; the gradient is written into the logits), or fused
 //    linear cross-entropy (never materialises the logits: one chunk of fp32
 //    logits in flight and the input gradient computed in forward and saved);
-//  - FP8 linears (TE, torchao Float8Linear): each linear saves an FP8 copy of
-//    its input for the weight gradient instead of the 16-bit input.
+//  - FP8 / FP4 linears (Transformer Engine, memory/fp8.hpp): each linear saves
+//    the quantized column-wise copy of its input for the weight gradient
+//    instead of the 16-bit input (one copy for the linears TE fuses into one
+//    module; Megatron's attention output projection keeps the attention output
+//    itself). torchao's Float8Linear saves the 16-bit input: no rewrite.
 // Every rewrite keeps parameters, FLOPs of matmuls and block structure.
 #pragma once
 
@@ -45,7 +48,14 @@ struct GraphRewrite {
     // ForCausalLMLoss, torchtune); false: log_softmax in the logits' dtype
     // (LitGPT's chunked_cross_entropy), fp32 under autocast.
     bool loss_upcast = true;
+    // Quantized saved inputs: fp8_num / fp8_den bytes per element and one
+    // 1-byte scale per fp8_scale_block elements (0: none); linears reading the
+    // same input share one copy (TE's LayerNormLinear QKV / FC1); the linear
+    // reading an attention output keeps that output (save_original_input).
     bool fp8_linear_inputs = false;
+    std::int64_t fp8_num = 1, fp8_den = 1, fp8_scale_block = 0;
+    bool fp8_share_inputs = false;
+    bool fp8_attention_out_original = false;
     [[nodiscard]] bool any() const {
         return fused_norm || fused_glu || fused_rope || attention_out_view || loss != LossKernel::Full || !loss_upcast || fp8_linear_inputs;
     }

@@ -30,6 +30,10 @@
 //                      segments at least as old as the average (age = best-fit
 //                      searches since they were freed) until the excess is reclaimed
 //   expandable         one growing virtual segment per (stream, pool), 2 MiB/20 MiB pages
+//   private pools      streams >= kGraphPoolStream stand for CUDA graph private
+//                      pools (PrivatePool): their blocks serve only that pool and
+//                      are never released (empty_cache, OOM retry, garbage
+//                      collection) while the graph lives
 //
 // "Out of memory" is an answer (AllocResult::oom), never an exception.
 #pragma once
@@ -49,6 +53,12 @@ namespace gpumem::sim {
 using BlockHandle = std::int64_t;  // opaque; valid until freed
 // malloc(0) allocates nothing (like PyTorch) and returns this handle; free() ignores it.
 inline constexpr BlockHandle kNullBlock = 0;
+// Allocations on a stream at or above this one are a CUDA graph's private pool
+// (c10/cuda/CUDACachingAllocator.cpp: beginAllocateToPool routes a capturing
+// stream's allocations to the graph's PrivatePool, which has its own block
+// sets; releasePool lets release_cached_blocks free them only once no graph
+// uses the pool). The simulated graphs live for the whole trace.
+inline constexpr int kGraphPoolStream = 1 << 20;
 
 struct AllocatorStats {
     Bytes allocated;        // sum of allocated (rounded) block sizes: memory_allocated()
@@ -57,6 +67,8 @@ struct AllocatorStats {
     Bytes peak_allocated;   // max_memory_allocated()
     Bytes peak_reserved;    // max_memory_reserved()
     Bytes peak_requested;
+    Bytes allocated_private;  // the part of `allocated` in CUDA graph private pools
+    Bytes reserved_private;   // the part of `reserved` in CUDA graph private pools
     std::int64_t segments = 0;         // cudaMalloc segments + expandable segments with mapped pages
     std::int64_t allocations = 0;      // live blocks
     std::int64_t alloc_retries = 0;    // cudaMalloc failures followed by a retry

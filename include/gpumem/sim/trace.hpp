@@ -85,6 +85,10 @@ struct ReplayResult {
     Bytes final_reserved;
     Bytes fragmentation_at_peak;           // reserved - allocated when allocated peaked
     Bytes largest_free_block_at_peak;
+    // CUDA graph private pools (streams >= kGraphPoolStream): their largest
+    // reservation, and their reserved bytes no tensor used when reserved peaked.
+    Bytes graph_pool_reserved;
+    Bytes graph_pool_free_at_reserved_peak;
     std::vector<LiveTensor> top_at_peak;   // largest live tensors at the peak
     std::vector<PhasePeak> phases;         // per (step, phase), in trace order
     std::vector<TimelinePoint> timeline;
