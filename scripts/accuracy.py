@@ -470,7 +470,9 @@ def framework_args(r, flags, by_hf, types):
         if "use_orig_params=true" in shard:
             _need(flags, "--fsdp-version", "FSDP1 flat parameters")
             args += ["--fsdp-version", "1"]
-        if "no_sync" in shard and (r.get("grad_accum") or 1) > 1:
+        # LitGPT's finetune scripts accumulate inside fabric.no_backward_sync
+        # (= FSDP.no_sync()): litgpt/finetune/full.py@26857050fe3f L280-281.
+        if ("no_sync" in shard or r["framework"] == "litgpt") and (r.get("grad_accum") or 1) > 1:
             _need(flags, "--no-sync", "gradient accumulation inside FSDP.no_sync()")
             args += ["--no-sync"]
     elif "zero-3" in shard:
