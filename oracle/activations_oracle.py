@@ -801,6 +801,16 @@ def breakdown_dims(fam, cfg, b, s):
     return dims
 
 
+def write_fixture(path, obj):
+    """Write a fixture as the tests read it: sorted keys, one-space indent, final newline."""
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -836,12 +846,7 @@ def main():
     out = {"generator": "oracle/activations_oracle.py", "torch_version": torch.__version__,
            "cases": results, "breakdowns": breakdowns}
     if args.out:
-        d = os.path.dirname(args.out)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1, sort_keys=True)
-            f.write("\n")
+        write_fixture(args.out, out)
 
 
 if __name__ == "__main__":

@@ -781,12 +781,7 @@ def main():
            "citations": CITATIONS, "cases": cases,
            "hf_equals_step_memory_cases": sorted(checked_fixture)}
     if args.out:
-        d = os.path.dirname(args.out)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1, sort_keys=True)
-            f.write("\n")
+        A.write_fixture(args.out, out)
 
 
 if __name__ == "__main__":

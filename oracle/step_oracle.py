@@ -442,12 +442,7 @@ def main():
            "num_threads": torch.get_num_threads(),
            "cases": results, "step1_events": events}
     if args.out:
-        d = os.path.dirname(args.out)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1, sort_keys=True)
-            f.write("\n")
+        A.write_fixture(args.out, out)
 
 
 if __name__ == "__main__":

@@ -404,19 +404,18 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         actx.quantize_head = req.quantize_head;
         actx.bnb_4bit_saves_input = req.bnb_4bit_saves_input;
         {
-            auto lay = resolve_layout(req.parallel, g, seq, req.grad_accum, job.gpu.gpus_per_node);
+            // torchtitan's FSDP mesh is dp_shard x cp: parameters, gradients and
+            // optimizer states are sharded over the context-parallel ranks too
+            // (pytorch/torchtitan torchtitan/distributed/parallel_dims.py@b5bcd76c66d0
+            // L386 `expected_sizes["fsdp"] = self.dp_shard * self.cp`; models/llama3/
+            // parallelize.py L63 applies fully_shard on that mesh).
+            ParallelConfig pc = req.parallel;
+            pc.fsdp_over_cp = fw.framework == Framework::Torchtitan;
+            auto lay = resolve_layout(pc, g, seq, req.grad_accum, job.gpu.gpus_per_node);
             if (!lay) throw InputError(lay.error());
             job.layout = lay.value();
-        }
-        // torchtitan's FSDP mesh is dp_shard x cp: parameters, gradients and
-        // optimizer states are sharded over the context-parallel ranks too
-        // (pytorch/torchtitan torchtitan/distributed/parallel_dims.py@b5bcd76c66d0
-        // L386 `expected_sizes["fsdp"] = self.dp_shard * self.cp`; models/llama3/
-        // parallelize.py L63 applies fully_shard on that mesh).
-        if (fw.framework == Framework::Torchtitan && job.layout.cfg.fsdp == Fsdp::Full && job.layout.cfg.cp > 1) {
-            job.layout.shard = checked_mul(job.layout.shard, job.layout.cfg.cp);
-            job.layout.expert_shard = std::max<std::int64_t>(1, job.layout.shard / std::max<std::int64_t>(1, job.layout.cfg.ep));
-            job.assumptions.push_back("torchtitan: FSDP shards over dp x cp = " + std::to_string(job.layout.shard) + " ranks");
+            if (pc.fsdp_over_cp && pc.fsdp == Fsdp::Full && pc.cp > 1)
+                job.assumptions.push_back("torchtitan: FSDP shards over dp x cp = " + std::to_string(job.layout.shard) + " ranks");
         }
         // Activations of one rank: its share of the sequence and of each tensor.
         actx.tp = job.layout.cfg.tp;

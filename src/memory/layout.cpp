@@ -250,6 +250,7 @@ Result<Layout> resolve_layout(const ParallelConfig& c, const ModelGraph& g, std:
         if (c.fsdp == Fsdp::Hybrid)
             // HSDP: shard within a node, replicate across nodes.
             l.shard = std::max<std::int64_t>(1, std::min(l.dp, l.gpus_per_node / std::max<std::int64_t>(1, std::min(l.gpus_per_node, model_parallel))));
+        if (c.fsdp_over_cp && c.fsdp == Fsdp::Full) l.shard = checked_mul(l.shard, c.cp);
         l.expert_shard = std::max<std::int64_t>(1, l.shard / c.ep);
         return l;
     });

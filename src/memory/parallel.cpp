@@ -135,12 +135,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             std::vector<TensorId> seen;
             for (std::size_t i = head_op + 1; i < hb.ops.size(); ++i) {
                 const Op& op = hb.ops[i];
-                const auto named = [&](const char* suffix) {
-                    const std::string sfx(suffix);
-                    return op.name.size() >= sfx.size() && op.name.compare(op.name.size() - sfx.size(), sfx.size(), sfx) == 0;
-                };
-                if (op.kind == OpKind::Softmax && named(".log_softmax")) loss_logp = bytes_of(op.outputs.front());
-                if (named(".logits_float") && !op.outputs.empty() && storage(op.outputs.front()) == op.outputs.front())
+                if (op.kind == OpKind::Softmax && op.name.ends_with(".log_softmax")) loss_logp = bytes_of(op.outputs.front());
+                if (op.name.ends_with(".logits_float") && !op.outputs.empty() && storage(op.outputs.front()) == op.outputs.front())
                     loss_cast = bytes_of(op.outputs.front());
                 if (op.kind == OpKind::Loss && !op.inputs.empty()) loss_in = bytes_of(op.inputs.front());
                 for (const SavedRef& sr : op.saved) {

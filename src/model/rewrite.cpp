@@ -11,10 +11,6 @@ namespace gpumem {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.size() >= p.size() && s.compare(0, p.size(), p) == 0; }
-bool ends_with(const std::string& s, const std::string& p) {
-    return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
 
 // How many ops read each tensor.
 std::vector<int> readers(const Block& b) {
@@ -42,7 +38,7 @@ void collapse(Block& b, std::size_t i, std::size_t j, Op merged) {
 // The last op index >= i whose name is `prefix` or starts with `prefix.`.
 std::size_t region_end(const Block& b, std::size_t i, const std::string& prefix) {
     std::size_t j = i;
-    while (j + 1 < b.ops.size() && (b.ops[j + 1].name == prefix || starts_with(b.ops[j + 1].name, prefix + "."))) ++j;
+    while (j + 1 < b.ops.size() && (b.ops[j + 1].name == prefix || b.ops[j + 1].name.starts_with(prefix + "."))) ++j;
     return j;
 }
 
@@ -53,7 +49,7 @@ std::size_t region_end(const Block& b, std::size_t i, const std::string& prefix)
 void fuse_norms(Block& b) {
     for (std::size_t i = 0; i + 1 < b.ops.size(); ++i) {
         const Op& o = b.ops[i];
-        if (o.kind != OpKind::Cast || !ends_with(o.name, ".float")) continue;
+        if (o.kind != OpKind::Cast || !o.name.ends_with(".float")) continue;
         const std::string prefix = o.name.substr(0, o.name.size() - 6);
         if (b.ops[i + 1].name != prefix + ".pow_mean_rsqrt" || b.ops[i + 1].outputs.empty()) continue;
         const std::size_t j = region_end(b, i, prefix);
@@ -126,7 +122,7 @@ void fuse_rope(Block& b) {
 // `*.transpose_contiguous` copies of an attention output -> views.
 void attention_views(Block& b) {
     for (auto& op : b.ops) {
-        if (!ends_with(op.name, ".transpose_contiguous") || op.inputs.size() != 1 || op.outputs.size() != 1) continue;
+        if (!op.name.ends_with(".transpose_contiguous") || op.inputs.size() != 1 || op.outputs.size() != 1) continue;
         op.kind = OpKind::View;
         auto& t = b.tensors[static_cast<std::size_t>(op.outputs.front())];
         t.alias_of = op.inputs.front();
@@ -139,12 +135,12 @@ void attention_views(Block& b) {
 void rewrite_loss(Block& b, const GraphRewrite& rw) {
     std::size_t ls = b.ops.size(), lo = b.ops.size();
     for (std::size_t i = 0; i < b.ops.size(); ++i) {
-        if (b.ops[i].kind == OpKind::Softmax && ends_with(b.ops[i].name, ".log_softmax")) ls = i;
+        if (b.ops[i].kind == OpKind::Softmax && b.ops[i].name.ends_with(".log_softmax")) ls = i;
         if (b.ops[i].kind == OpKind::Loss) lo = i;
     }
     if (ls == b.ops.size() || lo == b.ops.size() || lo < ls) return;
     std::size_t cast = b.ops.size();
-    if (ls > 0 && b.ops[ls - 1].kind == OpKind::Cast && ends_with(b.ops[ls - 1].name, ".logits_float")) cast = ls - 1;
+    if (ls > 0 && b.ops[ls - 1].kind == OpKind::Cast && b.ops[ls - 1].name.ends_with(".logits_float")) cast = ls - 1;
     const TensorId logp = b.ops[ls].outputs.front();
     const TensorId logits = cast < b.ops.size() ? b.ops[cast].inputs.front() : b.ops[ls].inputs.front();
     Op& loss = b.ops[lo];

@@ -79,6 +79,10 @@ struct ParallelConfig {
     // micro-batches (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)):
     // full unsharded gradients are kept until the last micro-batch.
     bool no_sync = false;
+    // The FSDP mesh spans the context-parallel ranks too (dp_shard x cp), so
+    // --fsdp full shards over dp x cp: torchtitan's layout (set from the
+    // framework profile, not a request field).
+    bool fsdp_over_cp = false;
     double capacity_factor = 1.0;        // MoE token capacity factor
     // DeepSpeed defaults (deepspeed/runtime/zero/config.py): reduce/allgather
     // buckets of 5e8 elements, ZeRO-3 prefetch bucket 5e7 and max live 1e9
