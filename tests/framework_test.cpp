@@ -6,6 +6,7 @@
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/sim/simulate.hpp"
+#include "gpumem/sim/step.hpp"
 #include "test_util.hpp"
 
 using namespace gpumem;
@@ -213,4 +214,74 @@ TEST(Frameworks, TorchtitanShardsOverContextParallelRanks) {
     j = resolve_job(g, r);
     ASSERT_TRUE(j.ok());
     EXPECT_EQ(j.value().layout.shard, 2);
+}
+
+namespace {
+
+// A small Llama with a large vocabulary, so that the loss sets the peak.
+ModelGraph wide_vocab(bool tied) {
+    nlohmann::json c = {{"model_type", "llama"},    {"hidden_size", 256},       {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2}, {"num_hidden_layers", 2},   {"intermediate_size", 688},
+                        {"vocab_size", 32000},      {"max_position_embeddings", 4096}, {"tie_word_embeddings", tied}};
+    auto g = load_hf_config_json(c, "test");
+    EXPECT_TRUE(g.ok());
+    return std::move(g).value();
+}
+
+Bytes peak(const ModelGraph& g, EstimateRequest r, bool analytic) {
+    r.analytic = analytic;
+    auto e = analytic ? estimate(g, r) : simulate_estimate(g, r);
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return e.value().per_gpu.peak_allocated;
+}
+
+}  // namespace
+
+// A per-chunk loss (torchtune's compiled compute_cross_entropy over 8 chunks)
+// saves what the fused kernel saves (the bf16 logits and a logsumexp), but its
+// backward runs chunk by chunk: each chunk's gradient is made as that chunk's
+// saved logits are released, so at the loss's backward the saved logits and
+// their gradient overlap by one chunk (2bsV/8), not the whole 2bsV. LoRA
+// (frozen output layer) so that no weight gradient joins the moment.
+TEST(Frameworks, ChunkedLossBackwardOverlapsOneChunk) {
+    const ModelGraph g = wide_vocab(false);
+    const std::int64_t b = 2, s = 512, V = 32000;
+    EstimateRequest r = base();
+    r.batch = b;
+    r.seq = s;
+    r.framework = Framework::Torchtune;
+    r.compile = true;
+    r.mode = Mode::Lora;
+    r.lora_rank = 8;
+    r.recompute = Recompute::Full;
+    EstimateRequest fused = r, chunked = r;
+    fused.cross_entropy = CrossEntropy::Fused;
+    chunked.cross_entropy = CrossEntropy::Chunked;
+    const std::int64_t logits = 2 * b * s * V;
+    for (bool analytic : {true, false})
+        EXPECT_EQ((peak(g, fused, analytic) - peak(g, chunked, analytic)).count(), logits - logits / 8) << (analytic ? "analytic" : "simulated");
+}
+
+// The per-chunk output projection's weight gradient arrives in 8
+// contributions, summed in autograd's input buffer in place from the second
+// on (torch >= 2.0): the sum and one contribution, 2 x [V, h] in bf16, at once.
+TEST(Frameworks, ChunkedHeadWeightGradientSumAndOneContribution) {
+    const std::int64_t V = 32000, h = 256;
+    for (bool tied : {false, true}) {
+        const ModelGraph g = wide_vocab(tied);
+        EstimateRequest r = base();
+        r.framework = Framework::Torchtune;
+        r.cross_entropy = CrossEntropy::Chunked;
+        auto j = resolve_job(g, r);
+        ASSERT_TRUE(j.ok()) << j.error().message;
+        sim::StepTraceOptions so;
+        so.cublas_workspaces = false;
+        const sim::StepTrace st = sim::build_step_trace(g, j.value(), so);
+        int found = 0;
+        for (const auto& ev : st.trace.events)
+            if (ev.kind == sim::TraceEvent::Kind::Alloc && ev.size == Bytes(2 * 2 * V * h) && ev.label >= 0 &&
+                st.trace.labels[static_cast<std::size_t>(ev.label)] == "head (activation gradients)")
+                ++found;
+        EXPECT_EQ(found, 2) << (tied ? "tied" : "untied") << ": one per step";
+    }
 }

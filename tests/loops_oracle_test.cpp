@@ -9,8 +9,8 @@
 //   llama2c  — karpathy/llama2.c, the same pattern (+ a 4-byte attribute)
 // torch 1.13's mean() saves of LLaMA's RMSNorm are taken off the oracle's
 // numbers as in step_oracle_test.cpp. The "chunked" loop (torchtune v0.5's
-// per-chunk output projection, whose eight weight-gradient contributions are
-// summed out of place) is checked within 25% and the cause is named there.
+// per-chunk output projection and loss) is checked within 5% and the cause of
+// the difference is named there.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -83,17 +83,20 @@ TEST(LoopsOracle, KeptLogitsAddOneLogitsTensor) {
     }
 }
 
-// torchtune v0.5's chunked loss: gpumem's chunked kernel keeps one fp32 chunk
-// in flight and the whole log_softmax saved, but does not model the eight
-// per-chunk weight-gradient contributions summed out of place (3 x [V, h]
-// live at once in the oracle) nor the chunk list's views; within 25%.
+// torchtune v0.5's chunked loss: each chunk's cross-entropy backward frees
+// that chunk's saved tensors as it makes its gradient (Op::chunks), and the
+// output projection's eight weight-gradient contributions are summed in the
+// autograd input buffer. gpumem sums them as torch >= 2.0 does (in place from
+// the second on: the sum and one contribution live); the oracle's torch 1.13
+// adds out of place (the view, the contribution and the sum: one [V, h] more
+// at that moment, 3.6-4.1% of these tiny models' peaks); within 5%.
 TEST(LoopsOracle, ChunkedLossWithinItsNamedCause) {
     const auto fx = test::read_json("tests/fixtures/oracle/loops.json");
     int checked = 0;
     for (const auto& cs : fx["cases"]) {
         if (cs["loop"] != "chunked") continue;
         const Sim s = run(cs, "chunked");
-        EXPECT_NEAR(ratio(s.steady, test::oracle_modern_peak(cs["step2"], test::oracle_mean_saves(cs))), 1.0, 0.25) << cs["name"];
+        EXPECT_NEAR(ratio(s.steady, test::oracle_modern_peak(cs["step2"], test::oracle_mean_saves(cs))), 1.0, 0.05) << cs["name"];
         ++checked;
     }
     EXPECT_GE(checked, 6);

@@ -224,6 +224,7 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
         rw.loss_chunked_head = ch.cross_entropy == p.cross_entropy && p.ce_chunked_head;
         const std::int64_t s = req.seq.value_or(2048);
         rw.loss_chunks = p.ce_chunk_tokens > 0 ? std::max<std::int64_t>(1, (s + p.ce_chunk_tokens - 1) / p.ce_chunk_tokens) : p.ce_chunks;
+        rw.loss_per_chunk = ch.cross_entropy == CrossEntropy::Chunked;
         // Transformer Engine recipes save quantized inputs; torchao's
         // Float8Linear saves the 16-bit input (memory/fp8.hpp).
         rw.fp8_linear_inputs = te_recipe(ch.fp8);
@@ -253,7 +254,8 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
         switch (ch.cross_entropy) {
             case CrossEntropy::Full: line += rw.loss_upcast ? ", full cross-entropy on an fp32 copy of the logits" : ", full cross-entropy on the logits as they are"; break;
             case CrossEntropy::Chunked:
-                line += ", chunked cross-entropy (" + std::to_string(rw.loss_chunks) + " chunks" + (rw.loss_upcast ? ", each upcast to fp32)" : ", no upcast)");
+                line += ", chunked cross-entropy (" + std::to_string(rw.loss_chunks) + " chunks" + (rw.loss_upcast ? ", each upcast to fp32" : ", no upcast") +
+                        "; backward chunk by chunk, each chunk's saves freed as its gradient is made)";
                 break;
             case CrossEntropy::Fused: line += rw.loss_upcast ? ", fused cross-entropy saving an fp32 softmax" : ", fused cross-entropy saving the logits and a logsumexp"; break;
             case CrossEntropy::FusedLinear: line += ", fused linear cross-entropy (no logits materialised)"; break;

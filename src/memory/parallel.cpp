@@ -115,6 +115,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
     // themselves. Loops that bind the logits hold them through the step
     // (memory/framework.hpp), the previous micro-batch's during a forward.
     Bytes loss_cast, loss_logp, loss_in, loss_saved;
+    std::int64_t loss_chunks = 1;  // a per-chunk loss's backward runs chunk by chunk (Op::chunks)
     bool logits_saved = false;
     if (td && job.train && graph) {
         const Block& hb = g.blocks.back();
@@ -138,7 +139,10 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 if (op.kind == OpKind::Softmax && op.name.ends_with(".log_softmax")) loss_logp = bytes_of(op.outputs.front());
                 if (op.name.ends_with(".logits_float") && !op.outputs.empty() && storage(op.outputs.front()) == op.outputs.front())
                     loss_cast = bytes_of(op.outputs.front());
-                if (op.kind == OpKind::Loss && !op.inputs.empty()) loss_in = bytes_of(op.inputs.front());
+                if (op.kind == OpKind::Loss && !op.inputs.empty()) {
+                    loss_in = bytes_of(op.inputs.front());
+                    loss_chunks = std::max<std::int64_t>(1, op.chunks);
+                }
                 for (const SavedRef& sr : op.saved) {
                     const TensorId st = storage(sr.tensor);
                     if (role_dt(st) == DType::I64 || std::find(seen.begin(), seen.end(), st) != seen.end()) continue;
@@ -236,7 +240,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
         Bytes recompute_trailing;  // --recompute-every: freed before the first rebuild
         Bytes recompute_largest;   // the rebuild's largest transient (not alive with the gradient pair)
         bool any_recompute = false;
-        Bytes gather_first, gather_first_fwd, gather_near_first, gather_head, grad_first, grad_head, head_saved;
+        Bytes gather_first, gather_first_fwd, gather_near_first, gather_head, gather_head_fwd, grad_first, grad_head, head_saved;
         Bytes held_quant;  // the head chunk's 4-bit inputs a held graph keeps (BlockActivations::quant_held)
         std::string ranges;  // "0-3, 16-19": the layers of each model chunk
         {
@@ -425,6 +429,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                                 gather_first = max(gather_first, own);
                             } else {
                                 gather_head = max(gather_head, own + prefetch(own, prev));
+                                // Forward end: the last layer released, nothing left to prefetch.
+                                gather_head_fwd = max(gather_head_fwd, own);
                             }
                         }
                     }
@@ -575,15 +581,20 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                             at_layer = job.dequant_in_forward ? dequant : Bytes(0);
                 // The previous micro-batch's held logits keep its graph, and
                 // with it the 4-bit inputs bitsandbytes < 0.43.2 keeps (held_quant).
-                if (at_head + gather_head >= at_layer + gather_max)
-                    moments.push_back({"forward", act_peak, held_output + held_l + held_quant + at_head + autocast_unsaved, gather_head, layer_act_peak});
+                if (at_head + gather_head_fwd >= at_layer + gather_max)
+                    moments.push_back({"forward", act_peak, held_output + held_l + held_quant + at_head + autocast_unsaved, gather_head_fwd, layer_act_peak});
                 else
                     moments.push_back({"forward", act_peak, held_output + held_l + held_quant + at_layer + autocast_unsaved, gather_max, layer_act_peak + at_layer});
             }
             if (head) {
                 // Backward of log_softmax: its fp32 output-gradient and input-gradient.
                 // (fused kernels: the gradient of the loss input only)
-                const Bytes loss_grad = loss_logp > Bytes(0) ? loss_logp + (loss_cast > Bytes(0) ? loss_cast : ll) : loss_in;
+                // A per-chunk loss: one chunk's gradients over everything saved
+                // (the same chunk as the simulator's, model/rewrite.hpp
+                // loss_chunk_grads; the cast copy is one chunk already).
+                const Bytes loss_grad = loss_chunks > 1 ? (loss_logp > Bytes(0) ? loss_logp.ceil_div(loss_chunks) + (loss_cast > Bytes(0) ? loss_cast : ll.ceil_div(loss_chunks))
+                                                                                 : loss_in.ceil_div(loss_chunks))
+                                        : loss_logp > Bytes(0) ? loss_logp + (loss_cast > Bytes(0) ? loss_cast : ll) : loss_in;
                 // (held logits the loss saved are in act_peak already)
                 moments.push_back({"backward", act_peak, held_output + (logits_saved ? Bytes(0) : held_l) + loss_grad + grad_head, gather_head, layer_act_peak});
                 // Backward of the output layer: log_softmax's saved output is gone; the
@@ -594,6 +605,17 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 if (grads_per_op && !grad_buffer && head_wgrad > Bytes(0))
                     own = kept ? head_wgrad : head_wgrad + (job.amp && job.tdt == DType::F32 ? Bytes(head_wgrad.count() / 2) : Bytes(0));
                 if (inbwd) own = inbwd_head;  // stepped and freed in its hook
+                // A per-chunk loss projects per chunk: the weight's gradient
+                // contributions summed in autograd's input buffer, the sum and
+                // one contribution at once (as the simulator; 16-bit under autocast).
+                if (loss_chunks > 1) {
+                    Bytes w = tied_grad > Bytes(0) ? tied_grad : head_wgrad;
+                    if (job.lora) w = Bytes(0);
+                    if (job.amp && job.tdt == DType::F32) w = Bytes(w.count() / 2);
+                    if (w > Bytes(0))
+                        moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved), held_output + held_l + ll + w * 2 + grad_head, gather_head,
+                                           layer_act_peak});
+                }
                 moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved), held_output + held_l + ll + tied_grad + own + grad_head + hdq, gather_head,
                                    layer_act_peak});
             }

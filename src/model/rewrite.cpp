@@ -159,6 +159,7 @@ void rewrite_loss(Block& b, const GraphRewrite& rw) {
             // Each chunk is upcast, log_softmax'd (its output saved) and the
             // upcast copy freed: one chunk's fp32 copy in flight.
             const std::int64_t k = std::max<std::int64_t>(1, rw.loss_chunks);
+            loss.chunks = k;
             if (rw.loss_chunked_head) {
                 // The output projection runs per chunk inside the loss: one chunk
                 // of 16-bit logits at a time.
@@ -192,6 +193,7 @@ void rewrite_loss(Block& b, const GraphRewrite& rw) {
             }
             // One kernel: saves the logits and an fp32 logsumexp per row; the
             // backward writes the gradient into the logits' storage.
+            if (rw.loss_per_chunk) loss.chunks = std::max<std::int64_t>(1, rw.loss_chunks);
             const TensorId lse = static_cast<TensorId>(b.tensors.size());
             b.tensors.push_back(TensorInfo{"loss.logsumexp", {le.c0 ? 1 : 0, le.c1 ? 1 : 0, 0}, ActRole::Float32, -1, {}});
             loss.inputs[0] = logits;
@@ -301,6 +303,19 @@ void fp8_inputs(Block& b, const GraphRewrite& rw) {
 }
 
 }  // namespace
+
+LossChunkGrads loss_chunk_grads(const Block& b, std::size_t head, std::size_t loss) {
+    LossChunkGrads r;
+    if (head >= b.ops.size() || b.ops[head].outputs.empty()) return r;
+    r.logits = b.ops[head].outputs.front();
+    for (std::size_t i = head + 1; i <= loss && i < b.ops.size(); ++i) {
+        const Op& op = b.ops[i];
+        if (op.outputs.empty()) continue;
+        if (op.kind == OpKind::Softmax && op.name.ends_with(".log_softmax")) r.logp = op.outputs.front();
+        if (op.name.ends_with(".logits_float") && b.tensors[static_cast<std::size_t>(op.outputs.front())].alias_of < 0) r.cast = op.outputs.front();
+    }
+    return r;
+}
 
 ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw) {
     ModelGraph out = g;

@@ -5,6 +5,7 @@
 
 #include "gpumem/memory/features.hpp"
 #include "gpumem/memory/fp8.hpp"
+#include "gpumem/model/rewrite.hpp"
 #include "step_internal.hpp"
 
 namespace gpumem::sim::detail {
@@ -511,6 +512,10 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
         else em_.transient(block_flat_[pi], param_grad_label_);
     }
 
+    std::int64_t loss_chunks = 1;  // a per-chunk loss (Op::chunks) in this block
+    for (const Op& op : b.ops)
+        if (op.kind == OpKind::Loss) loss_chunks = std::max<std::int64_t>(loss_chunks, op.chunks);
+
     auto grad_for = [&](TensorId t) {
         const auto st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(t)]);
         if (!in.rg[static_cast<std::size_t>(t)] && st != st0) return;
@@ -560,6 +565,32 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
                 }
             }
         }
+        if (op.kind == OpKind::Loss && op.chunks > 1) {
+            // A per-chunk loss (Op::chunks): autograd runs each chunk's loss
+            // backward in turn, making that chunk's gradient and releasing that
+            // chunk's saved tensors (the engine frees a node's saved variables
+            // once it has run, torch/csrc/autograd/engine.cpp release_variables),
+            // so the saves and the gradients overlap by one chunk. Modelled as
+            // one chunk's gradients in flight over everything saved, then the
+            // saves released and the logits' gradient made whole (the chunks'
+            // gradients, which the output projection reads).
+            std::size_t head = b.ops.size();
+            for (std::size_t h = 0; h < o; ++h)
+                if (is_output_head(b.ops[h]) && !b.ops[h].outputs.empty()) head = h;
+            if (head < b.ops.size()) {
+                const LossChunkGrads lc = loss_chunk_grads(b, head, o);
+                const auto bytes_of = [&](TensorId t) { return t >= 0 ? p.bytes[static_cast<std::size_t>(t)] : Bytes(0); };
+                const Bytes one = bytes_of(lc.logp).ceil_div(op.chunks) +
+                                  (lc.cast >= 0 ? bytes_of(lc.cast) : bytes_of(lc.logits).ceil_div(op.chunks));
+                em_.transient(one, glabel);
+                for (std::size_t o2 = head + 1; o2 <= o; ++o2) {
+                    for (auto id : in.saves[o2]) em_.unref(id);
+                    in.saves[o2].clear();
+                }
+                grad_for(lc.logits);
+                continue;
+            }
+        }
         bool has_out_grad = false;
         for (auto t : op.outputs) has_out_grad = has_out_grad || grad[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(t)])] != 0;
         const bool root = op.kind == OpKind::Loss;
@@ -573,6 +604,19 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
             }
             em_.unref(dq);
             if (is_matmul(op.kind)) workspace(true);
+            if (base_tr && loss_chunks > 1 && is_output_head(op)) {
+                // A per-chunk loss projects per chunk too (torchtune's chunked
+                // output / LinearCrossEntropyLoss, LitGPT's lm_head_chunk_size):
+                // the weight's k gradient contributions are summed in the
+                // autograd input buffer before AccumulateGrad, in place from the
+                // second on (torch >= 2.0 InputBuffer accumulate /
+                // can_accumulate_inplace): the sum and one contribution at once,
+                // 16-bit under autocast.
+                Bytes w = p.tied_grad[o];
+                for (const Bytes& pg : p.param_grads[o]) w += pg;
+                if (job_.amp && job_.tdt == DType::F32) w = Bytes(w.count() / 2);
+                em_.transient(w * 2, glabel);
+            }
             if (base_tr && op.params.empty() && op.kind == OpKind::Linear) {
                 if (tied_owned_) {
                     // The last pipeline stage's own copy of the tied embedding.

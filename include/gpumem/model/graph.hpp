@@ -130,6 +130,12 @@ struct Op {
     // Linear ops: in/out features, used by LoRA (adapter shapes).
     std::int64_t in_features = 0;
     std::int64_t out_features = 0;
+    // Loss ops: the cross-entropy runs per chunk of rows (torchtune's
+    // CEWithChunkedOutputLoss / LinearCrossEntropyLoss, LitGPT's
+    // chunked_cross_entropy), so its backward also runs chunk by chunk: each
+    // chunk's gradient is made and that chunk's saved tensors freed before the
+    // next (model/rewrite.hpp). 1: one kernel over all rows.
+    std::int64_t chunks = 1;
 };
 
 struct Param {

@@ -44,6 +44,11 @@ struct GraphRewrite {
     LossKernel loss = LossKernel::Full;
     std::int64_t loss_chunks = 8;   // Chunked: chunks of the sequence (torchtune num_output_chunks)
     bool loss_chunked_head = false; // Chunked: the output projection runs per chunk too (no whole logits)
+    // The loss runs per chunk of loss_chunks (Chunked, or a Fused kernel that
+    // torch.compile made of a per-chunk loss): the backward runs chunk by
+    // chunk too, each chunk's saved tensors freed as its gradient is made
+    // (Op::chunks).
+    bool loss_per_chunk = false;
     // Whether the loss upcasts the logits to fp32 before log_softmax (HF's
     // ForCausalLMLoss, torchtune); false: log_softmax in the logits' dtype
     // (LitGPT's chunked_cross_entropy), fp32 under autocast.
@@ -63,5 +68,16 @@ struct GraphRewrite {
 
 // A copy of `g` as the given kernels run it (g itself when nothing applies).
 ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw);
+
+// The tensors a per-chunk loss backward makes gradients for, between the
+// output head `head` and the loss op `loss` of block `b`: the logits (the
+// head's output), log_softmax's output and the fp32 copy of a chunk the loss
+// casts (-1 when absent). One chunk's gradients in flight are
+// bytes(logp)/chunks + (cast ? bytes(cast) : bytes(logits)/chunks): the
+// analytic path and the simulator both use this.
+struct LossChunkGrads {
+    TensorId logits = -1, logp = -1, cast = -1;
+};
+LossChunkGrads loss_chunk_grads(const Block& b, std::size_t head, std::size_t loss);
 
 }  // namespace gpumem
