@@ -285,3 +285,25 @@ TEST(Frameworks, ChunkedHeadWeightGradientSumAndOneContribution) {
         EXPECT_EQ(found, 2) << (tied ? "tied" : "untied") << ": one per step";
     }
 }
+
+// LitGPT's own modeling code runs tanh-GELU as one kernel
+// (F.gelu(approximate="tanh") in GptNeoxMLP, litgpt/model.py L812-816) saving
+// its input; HF's NewGELUActivation also keeps tanh(.), 0.5x and 1 + tanh(.):
+// three [b, s, I] bf16 tensors more per layer.
+TEST(Frameworks, LitgptRunsTanhGeluAsOneKernel) {
+    nlohmann::json c = {{"model_type", "phi"},     {"hidden_size", 256},   {"num_attention_heads", 4}, {"num_hidden_layers", 2},
+                        {"intermediate_size", 1024}, {"vocab_size", 1000}, {"hidden_act", "gelu_new"}, {"partial_rotary_factor", 0.4}};
+    auto g = load_hf_config_json(c, "test");
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    const std::int64_t b = 2, s = 128, I = 1024;
+    EstimateRequest hf = base(), lit = base();
+    lit.framework = Framework::LitGPT;
+    auto layer = [&](const EstimateRequest& r) {
+        auto e = estimate(g.value(), r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        for (const auto& blk : e.value().activation_detail.blocks)
+            if (blk.block == "layers") return blk.per_instance;
+        return Bytes(0);
+    };
+    EXPECT_EQ((layer(hf) - layer(lit)).count(), 3 * 2 * b * s * I);
+}

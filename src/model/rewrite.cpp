@@ -98,6 +98,26 @@ void fuse_glu(Block& b) {
     }
 }
 
+// HF's NewGELUActivation (`N.half_x`, `N.tanh`, `N.one_plus`, `N`: four
+// saved tensors) -> one tanh-GELU kernel saving its input
+// (F.gelu(approximate="tanh"), as LitGPT's GptNeoxMLP and Inductor run it).
+void fuse_gelu(Block& b) {
+    for (std::size_t i = 0; i < b.ops.size(); ++i) {
+        const std::string& nm = b.ops[i].name;
+        if (!nm.ends_with(".half_x") || b.ops[i].inputs.size() != 1) continue;
+        const std::string prefix = nm.substr(0, nm.size() - 7);
+        const std::size_t j = region_end(b, i, prefix);
+        if (j == i || b.ops[j].kind != OpKind::Activation || b.ops[j].name != prefix || b.ops[j].outputs.empty()) continue;
+        Op m;
+        m.kind = OpKind::Activation;
+        m.name = prefix;
+        m.inputs = {b.ops[i].inputs.front()};
+        m.outputs = {b.ops[j].outputs.front()};
+        m.saved = {{m.inputs.front(), false, false}};
+        collapse(b, i, j, std::move(m));
+    }
+}
+
 // Rotary embedding ops `N.*` of a `*.rotary_q` / `*.rotary_k` site -> one kernel.
 void fuse_rope(Block& b) {
     for (std::size_t i = 0; i < b.ops.size(); ++i) {
@@ -323,6 +343,7 @@ ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw) {
     for (auto& b : out.blocks) {
         if (rw.fused_norm) fuse_norms(b);
         if (rw.fused_glu) fuse_glu(b);
+        if (rw.fused_gelu) fuse_gelu(b);
         if (rw.fused_rope) fuse_rope(b);
         if (rw.attention_out_view) attention_views(b);
         if (rw.fp8_linear_inputs) fp8_inputs(b, rw);

@@ -58,6 +58,9 @@ struct FrameworkProfile {
     // torchtitan compiles each transformer block, LitGPT the model only.
     bool compile_loss = true;
     bool activation_offload = false;
+    // Its own modeling code runs tanh-GELU as one kernel (LitGPT's
+    // GptNeoxMLP: F.gelu(approximate="tanh")), not HF's composite NewGELUActivation.
+    bool single_kernel_gelu = false;
     double lora_dropout = 0.0;      // the framework's default LoRA dropout
     std::vector<FrameworkRule> rules;
 };

@@ -11,6 +11,9 @@
 //    fp32 copy, normalized fp32 tensor and 16-bit cast;
 //  - fused SwiGLU / GeGLU (Liger, Unsloth, TE `swiglu`, Megatron
 //    bias_swiglu_fusion): saves the gate and up projections, not silu(gate);
+//  - tanh-GELU as one kernel (F.gelu(approximate="tanh"): LitGPT's
+//    GptNeoxMLP, Inductor) instead of HF's composite NewGELUActivation, which
+//    saves x, tanh(.), 0.5x and 1 + tanh(.);
 //  - fused RoPE (Liger, Unsloth, TE apply_rope_fusion): one kernel, nothing
 //    saved, no cos/sin products in flight;
 //  - attention output in [b, s, heads, d] layout (flash-attn / TE / Megatron):
@@ -39,6 +42,7 @@ enum class LossKernel : std::uint8_t { Full, Chunked, Fused, FusedLinear };
 struct GraphRewrite {
     bool fused_norm = false;
     bool fused_glu = false;
+    bool fused_gelu = false;  // HF's composite NewGELUActivation -> one tanh-GELU kernel
     bool fused_rope = false;
     bool attention_out_view = false;
     LossKernel loss = LossKernel::Full;
@@ -62,7 +66,7 @@ struct GraphRewrite {
     bool fp8_share_inputs = false;
     bool fp8_attention_out_original = false;
     [[nodiscard]] bool any() const {
-        return fused_norm || fused_glu || fused_rope || attention_out_view || loss != LossKernel::Full || !loss_upcast || fp8_linear_inputs;
+        return fused_norm || fused_glu || fused_gelu || fused_rope || attention_out_view || loss != LossKernel::Full || !loss_upcast || fp8_linear_inputs;
     }
 };
 
