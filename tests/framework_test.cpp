@@ -307,3 +307,27 @@ TEST(Frameworks, LitgptRunsTanhGeluAsOneKernel) {
     };
     EXPECT_EQ((layer(hf) - layer(lit)).count(), 3 * 2 * b * s * I);
 }
+
+// Axolotl's quantized LoRA runs PEFT's prepare_model_for_kbit_training
+// (peft other.py L95-98): the parameters left unquantized (embedding, output
+// layer, 2L + 1 RMSNorm weights) are cast to fp32, 2 bytes more each; the
+// quantized linears are untouched. --kbit-upcast false is the 16-bit base.
+TEST(Frameworks, AxolotlUpcastsUnquantizedParametersForKbitLora) {
+    const ModelGraph g = llama_like();
+    const std::int64_t h = 256, V = 1000, L = 3;
+    EstimateRequest up = base();
+    up.framework = Framework::Axolotl;
+    up.mode = Mode::QLora;
+    up.recompute = Recompute::Full;
+    EstimateRequest plain = up;
+    plain.kbit_upcast = false;
+    auto weights = [&](const EstimateRequest& r) {
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        return e.value().per_gpu.weights;
+    };
+    EXPECT_EQ((weights(up) - weights(plain)).count(), 2 * (2 * V * h + (2 * L + 1) * h));
+    // The residual stream [b, s, h] is fp32: the L checkpointed layer inputs
+    // and the final norm's saved input, 2 bytes more per element.
+    EXPECT_EQ((saved(g, up) - saved(g, plain)).count(), 2 * 2 * 128 * h * (L + 1));
+}

@@ -186,6 +186,7 @@ std::vector<Field> build_table() {
         row("double-quant", FT::Bool, "precision", kJob, AT(job.double_quant), "bitsandbytes nf4/fp4: quantize the absmax constants again (bnb_4bit_use_double_quant; HF's default is off, the QLoRA recipe's on)"),
         row("quantize-head", FT::Bool, "precision", kJob, AT(job.quantize_head), "quantize lm_head too (LitGPT's bitsandbytes plugin converts every nn.Linear; HF skips it)"),
         row("bnb-4bit-saves-input", FT::Bool, "precision", kJob, AT(job.bnb_4bit_saves_input), "bitsandbytes < 0.43.2: the 4-bit matmul keeps its input for backward").modes(kLoraModes),
+        row("kbit-upcast", FT::Bool, "precision", kJob, AT(job.kbit_upcast), "PEFT prepare_model_for_kbit_training: non-quantized parameters (embeddings, norms, output layer) in fp32, hence an fp32 residual stream and fp32 checkpoints").computed("the framework's (axolotl: on for --quant nf4/fp4/int8 without FSDP or ZeRO-3)").modes(kLoraModes),
         row("kv-dtype", FT::Enum, "precision", kJob, AT(job.kv_dtype), "KV-cache dtype").computed("the activation dtype").modes(kInfer),
         // ---- memory savers
         row("recompute", FT::Enum, "savers", kJob, AT(job.recompute), "activation recomputation (checkpointing)").modes(kTrainModes),

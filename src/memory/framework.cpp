@@ -127,6 +127,11 @@ std::array<P, 10> build_profiles() {
         p.default_precision = Precision::BF16;
         rule(p, "loop as the Hugging Face Trainer; fused-linear CE only with cut_cross_entropy / liger options", "axolotl-ai-cloud/axolotl src/axolotl/core/trainers/base.py@067b021c8b87 L376-444; src/axolotl/integrations/liger/args.py@067b021c8b87 L55");
         rule(p, "LoRA dropout 0.0 (schema default)", "axolotl-ai-cloud/axolotl src/axolotl/utils/schemas/peft.py@067b021c8b87 L80");
+        p.kbit_upcast = true;
+        rule(p, "8-bit/4-bit LoRA: PEFT prepare_model_for_kbit_training casts every non-quantized parameter to fp32 (skipped under FSDP QLoRA or ZeRO-3; "
+                "embeddings_skip_upcast keeps embeddings and lm_head 16-bit)",
+             "axolotl-ai-cloud/axolotl src/axolotl/loaders/model.py@067b021c8b87 L988-1023, src/axolotl/loaders/patch_manager.py@067b021c8b87 L361-366; "
+             "huggingface/peft src/peft/utils/other.py@ec267c64 L95-98");
     }
     {
         P& p = t[static_cast<std::size_t>(Framework::Unsloth)];

@@ -242,6 +242,18 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         DType wdt = stream;
         if (lora && prec != Precision::FP32) wdt = half;
         const Quant quant = *req.quant;
+        // PEFT prepare_model_for_kbit_training (request.hpp kbit_upcast): the
+        // parameters left unquantized are fp32; the quantized layers return
+        // their input's dtype, so the residual stream is fp32 too.
+        const bool sharded_params = req.parallel.fsdp != Fsdp::None || req.parallel.zero >= 3;
+        const bool kbit_upcast = lora && quant != Quant::None && prec != Precision::FP32 &&
+                                 req.kbit_upcast.value_or(framework_profile(fw.framework).kbit_upcast && !sharded_params);
+        req.kbit_upcast = kbit_upcast;
+        if (kbit_upcast) {
+            wdt = DType::F32;
+            job.assumptions.push_back("--kbit-upcast: PEFT prepare_model_for_kbit_training casts the unquantized parameters (embeddings, norms, output layer) "
+                                      "to fp32: fp32 residual stream and checkpoints (huggingface/peft src/peft/utils/other.py@ec267c64 L95-98)");
+        }
         if (quant != Quant::None) {
             const bool four = quant == Quant::NF4 || quant == Quant::FP4;
             std::string a = std::string(to_string(quant)) + " linear weights (" +
@@ -370,6 +382,7 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         actx.seq = seq;
         actx.stream = (lora && prec != Precision::FP32) ? (amp ? DType::F32 : half) : stream;
         if (lora && amp) actx.stream = half;  // 16-bit base: the residual stream is 16-bit
+        if (kbit_upcast) actx.stream = DType::F32;
         actx.lowered = lowered;
         actx.autocast = amp;
         actx.weight_cache = fw.policy == PrecisionPolicy::Autocast;

@@ -132,6 +132,7 @@ class EstimateDictRequest(TypedDict, total=False):
     zero_grad: str
     gen_len: int
     bnb_4bit_saves_input: bool
+    kbit_upcast: bool
     lora_rank: int
     lora_targets: List[str]
     params: int
@@ -725,6 +726,7 @@ class DoctorDictRemediesItemPredictionRequest(TypedDict, total=False):
     zero: int
     zero_grad: str
     bnb_4bit_saves_input: bool
+    kbit_upcast: bool
     lora_rank: int
     lora_targets: List[str]
 
@@ -837,6 +839,7 @@ def estimate(
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
+    kbit_upcast: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
     recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
@@ -918,6 +921,7 @@ def simulate(
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
+    kbit_upcast: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
     recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
@@ -1004,6 +1008,7 @@ def fit(
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
+    kbit_upcast: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
     recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
@@ -1071,6 +1076,7 @@ def advise(
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
+    kbit_upcast: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
     recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
@@ -1151,6 +1157,7 @@ def sweep(
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
+    kbit_upcast: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
     recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
@@ -1220,6 +1227,7 @@ def plan(
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
+    kbit_upcast: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
     recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,
@@ -1315,6 +1323,7 @@ def doctor(
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
+    kbit_upcast: Optional[bool] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
     recompute: Optional[Literal['none', 'selective', 'full', 'ops']] = ...,
     attention: Optional[Literal['eager', 'flash']] = ...,

@@ -61,6 +61,9 @@ struct FrameworkProfile {
     // Its own modeling code runs tanh-GELU as one kernel (LitGPT's
     // GptNeoxMLP: F.gelu(approximate="tanh")), not HF's composite NewGELUActivation.
     bool single_kernel_gelu = false;
+    // Calls PEFT's prepare_model_for_kbit_training for quantized LoRA
+    // (--kbit-upcast's default).
+    bool kbit_upcast = false;
     double lora_dropout = 0.0;      // the framework's default LoRA dropout
     std::vector<FrameworkRule> rules;
 };

@@ -126,6 +126,12 @@ struct EstimateRequest {
     // bitsandbytes < 0.43.2: MatMul4Bit keeps its input for backward
     // (ctx.tensors = (A, B)); 0.43.2 and later keep only the packed weight.
     bool bnb_4bit_saves_input = false;
+    // PEFT prepare_model_for_kbit_training: every parameter that is not
+    // quantized (embeddings, norms, the output layer) cast to fp32, so the
+    // residual stream and the checkpointed layer inputs are fp32 (bitsandbytes
+    // layers return their input's dtype). Unset: the framework's (axolotl on
+    // for QLoRA / 8-bit LoRA without FSDP or ZeRO-3).
+    std::optional<bool> kbit_upcast;
     // PEFT LoraConfig.lora_dropout (default 0: nn.Identity). Unset: 0.
     std::optional<double> lora_dropout;
     // Encoder-decoder models (T5): decoder tokens per sample. Unset: --seq.
