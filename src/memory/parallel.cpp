@@ -421,7 +421,10 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                                 gather_max = max(gather_max, own + max(next_layer ? prefetch(own, next) : Bytes(0), prev_layer ? prefetch(own, prev) : Bytes(0)));
                                 // The first layer's backward prefetches the embedding.
                                 if (k > 0 && seq_kind[k - 1] == 0) gather_near_first = max(gather_near_first, own + prefetch(own, prev));
-                                if (k + 1 < seq_sizes.size() && seq_kind[k + 1] == 2) gather_head = max(gather_head, own + prefetch(own, next));
+                                // The last layer's forward prefetches the output layer: a
+                                // layer moment (the head's own moments gather the head and,
+                                // in backward, prefetch the last layer).
+                                if (k + 1 < seq_sizes.size() && seq_kind[k + 1] == 2) gather_max = max(gather_max, own + prefetch(own, next));
                             } else if (seq_kind[k] == 0) {
                                 // Forward: the embedding with the first layer prefetched;
                                 // backward: the embedding alone (nothing left to prefetch).
@@ -571,7 +574,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             std::vector<Moment> moments;
             const Bytes layer_act_peak = act_peak - std::min(act_peak, act_nl_peak);
             // Forward start: the embedding's gathered parameters and the first layer's prefetch.
-            if (embeddings) moments.push_back({"forward", Bytes(0), Bytes(0), gather_first_fwd, Bytes(0)});
+            // A loop that holds the logits holds the previous micro-batch's
+            // through this forward (with what its graph keeps).
+            if (embeddings) moments.push_back({"forward", Bytes(0), held_output + held_l + held_quant, gather_first_fwd, Bytes(0)});
             // Forward end: the logits and their fp32 copy live through the loss;
             // full recompute: autocast's weight-cast cache until forward returns.
             {
