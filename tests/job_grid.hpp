@@ -204,20 +204,11 @@ inline GridJob draw_job(Rng& rng, GridKind kind) {
     // logits held by the loop, fused kernels, op-level and every-N
     // checkpointing, offloaded inputs, FSDP2's precision policy; from their
     // own side generator, so that the jobs above stay as they were. Every
-    // layout kind and every loss kernel is drawn; held logits and fused linear
-    // cross-entropy on every kind but pipeline and context-parallel layouts
-    // (open in issue 12: there the analytic peak misses the rebuilt layer's
-    // sequence-parallel LoRA inputs (-6%, `llama-3.2-1b --mode lora --tp 2
-    // --pp 2 --sp --recompute full --kernels fused --cross-entropy
-    // fused-linear`) and over-counts a tp x cp fused-linear backward (+7.7%,
-    // `gemma-2b --mode lora --tp 2 --cp 2 --recompute full
-    // --activation-offload --cross-entropy fused-linear`)).
+    // layout kind draws every loss kernel and held logits.
     Rng fw(seed ^ 0x9e3779b97f4a7c15ULL);
-    const bool plain = kind != GridKind::Pipeline && kind != GridKind::Context;
     if (fw.chance(40)) {
-        r.cross_entropy = plain ? fw.pick(std::vector<CrossEntropy>{CrossEntropy::Full, CrossEntropy::Chunked, CrossEntropy::Fused, CrossEntropy::FusedLinear})
-                                : fw.pick(std::vector<CrossEntropy>{CrossEntropy::Full, CrossEntropy::Chunked, CrossEntropy::Fused});
-        if (fw.chance(30) && plain) r.logits = LogitsLifetime::Kept;
+        r.cross_entropy = fw.pick(std::vector<CrossEntropy>{CrossEntropy::Full, CrossEntropy::Chunked, CrossEntropy::Fused, CrossEntropy::FusedLinear});
+        if (fw.chance(30)) r.logits = LogitsLifetime::Kept;
         if (fw.chance(40)) r.kernels = fw.pick(std::vector<Kernels>{Kernels::Fused, Kernels::TE});
         if (fw.chance(25)) r.recompute = Recompute::Ops;
         const bool ckpt = r.recompute == Recompute::Full || r.recompute == Recompute::Ops;

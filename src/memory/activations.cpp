@@ -466,6 +466,11 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
             const Bytes b = dtype_bytes(ctx.lowered, checked_mul(elems, ctx.lora_rank));
             r.saved += b;
             r.lora += b;
+            // The adapter's moment (as the simulator runs PEFT's lora.Linear):
+            // the base output, the dtype conversion of x and the larger of
+            // dropout's output and lora_B's [rows, out] output at once.
+            const Bytes out = op.outputs.empty() ? Bytes(0) : bytes[static_cast<std::size_t>(op.outputs.front())];
+            r.largest = max(r.largest, out + ai.convert + max(ai.dropped, dtype_bytes(ctx.lowered, checked_mul(elems, op.out_features))));
         }
     }
     if (fused_core) {

@@ -661,9 +661,12 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             // flight (the first block's here unless it is the embedding, below).
             const Bytes inbwd_end = embeddings ? inbwd_tmp : max(inbwd_tmp, inbwd_first);
             Bytes bwd_end = states + held_l + end_base + end_round + grad_pair + max(gather_max, gather_near_first) + block_grad_max + inbwd_end;
-            // Full recompute: the first layer is rebuilt with nearly every gradient made.
+            // Full recompute: the first layer is rebuilt with nearly every
+            // gradient made (its saves with its largest forward transient or,
+            // later, its largest gradient pair, not both: as `rebuilt` above).
             if (has_layers && recompute > Bytes(0))
-                bwd_end = max(bwd_end, states + end_first_layer + end_round + grad_pair + recompute + max(gather_max, gather_near_first) + block_grad_max + inbwd_end);
+                bwd_end = max(bwd_end, states + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
+                                           max(gather_max, gather_near_first) + block_grad_max + inbwd_end);
             if (embeddings) {
                 const Bytes eg = !grads_per_op ? emb_grad.ceil_div(std::max<std::int64_t>(1, lay.shard)) : emb_grad;
                 const Bytes extra = (!grads_per_op ? grad_first : Bytes(0)) + tied_grad * (!grads_per_op ? 1 : 2) + gather_first +
