@@ -216,6 +216,13 @@ inline GridJob draw_job(Rng& rng, GridKind kind) {
         if (ckpt && fw.chance(30)) r.activation_offload = true;
         if (r.mode == Mode::Train && r.precision == Precision::AmpBF16 && fw.chance(25)) r.framework = Framework::Torchtitan;
     }
+    // FP8 / FP4 recipes and CUDA graphs in training (memory/fp8.hpp,
+    // docs/frameworks.md), from a third side generator.
+    Rng f8(seed ^ 0x51afd7ed558ccd1dULL);
+    if (r.mode != Mode::Infer && f8.chance(15))
+        r.fp8_recipe = f8.pick(std::vector<Fp8Recipe>{Fp8Recipe::Delayed, Fp8Recipe::Current, Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise, Fp8Recipe::MXFP8,
+                                                      Fp8Recipe::NVFP4});
+    if (r.mode != Mode::Infer && f8.chance(10)) r.cuda_graphs = CudaGraphs::Compile;
     return j;
 }
 
