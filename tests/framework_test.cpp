@@ -331,3 +331,26 @@ TEST(Frameworks, AxolotlUpcastsUnquantizedParametersForKbitLora) {
     // and the final norm's saved input, 2 bytes more per element.
     EXPECT_EQ((saved(g, up) - saved(g, plain)).count(), 2 * 2 * 128 * h * (L + 1));
 }
+
+// LitGPT's LoRAQKVLinear applies one dropout to the fused QKV input for the
+// q, k and v adapters (litgpt/lora.py L381-414); PEFT gives each adapter its
+// own: per layer two dropped bf16 copies [b, s, h] and two bool masks fewer.
+TEST(Frameworks, LitgptQkvAdaptersShareOneDropout) {
+    const ModelGraph g = llama_like();
+    const std::int64_t b = 2, s = 128, h = 256;
+    EstimateRequest hf = base(), lit = base();
+    for (EstimateRequest* r : {&hf, &lit}) {
+        r->mode = Mode::Lora;
+        r->lora_targets = {"q_proj", "k_proj", "v_proj"};
+        r->lora_dropout = 0.05;
+    }
+    lit.framework = Framework::LitGPT;
+    auto layer = [&](const EstimateRequest& r) {
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        for (const auto& blk : e.value().activation_detail.blocks)
+            if (blk.block == "layers") return blk.per_instance;
+        return Bytes(0);
+    };
+    EXPECT_EQ((layer(hf) - layer(lit)).count(), 2 * (2 + 1) * b * s * h);
+}

@@ -216,6 +216,12 @@ inline GridJob draw_job(Rng& rng, GridKind kind) {
         if (ckpt && fw.chance(30)) r.activation_offload = true;
         if (r.mode == Mode::Train && r.precision == Precision::AmpBF16 && fw.chance(25)) r.framework = Framework::Torchtitan;
     }
+    // Every framework profile (its loop, loss, kernels and LoRA modules), where
+    // it runs the drawn precision (grid_valid drops the others).
+    if (fw.chance(25))
+        r.framework = fw.pick(std::vector<Framework>{Framework::HF, Framework::Torchtune, Framework::LitGPT, Framework::NanoGPT, Framework::Megatron,
+                                                     Framework::Torchtitan, Framework::DeepSpeed, Framework::Axolotl, Framework::Unsloth,
+                                                     Framework::LlamaFactory});
     // FP8 / FP4 recipes and CUDA graphs in training (memory/fp8.hpp,
     // docs/frameworks.md), from a third side generator.
     Rng f8(seed ^ 0x51afd7ed558ccd1dULL);

@@ -102,6 +102,19 @@ bool quantized_saves_input(const ActivationContext& ctx) {
 // CUDA native_dropout returns a new tensor and saves a bool mask. lora_A is a
 // trainable nn.Linear: it saves its input, under autocast its own 16-bit cast.
 // Every adapter does this on its own: with p > 0 (or a cast) each keeps a copy.
+std::int64_t shared_adapter_input(const Block& b, std::size_t o, const ActivationContext& ctx) {
+    if (!ctx.fused_qkv_lora || o >= b.ops.size()) return -1;
+    const auto qkv = [&](const Op& op) {
+        if (op.kind != OpKind::Linear || op.inputs.empty() || !lora_applies(op, ctx.lora_targets)) return false;
+        return op.name.ends_with("q_proj") || op.name.ends_with("k_proj") || op.name.ends_with("v_proj");
+    };
+    const Op& op = b.ops[o];
+    if (!qkv(op)) return -1;
+    for (std::size_t i = 0; i < o; ++i)
+        if (qkv(b.ops[i]) && b.ops[i].inputs.front() == op.inputs.front()) return static_cast<std::int64_t>(i);
+    return -1;
+}
+
 AdapterInput adapter_input(const Block& b, const Op& op, TensorId x, DType x_dtype, bool split, const ActivationContext& ctx) {
     AdapterInput a;
     const TensorInfo& t = b.tensors[static_cast<std::size_t>(x)];
@@ -459,7 +472,9 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
             // dropout's mask: adapter_input); lora_B saves A's [rows, r] output.
             const TensorId x = op.inputs.front();
             const auto xi = static_cast<std::size_t>(x);
-            const AdapterInput ai = adapter_input(blk, op, x, dt[xi], split[xi] != 0, ctx);
+            // A fused-QKV adapter shares the first one's dropped input and mask.
+            const bool shared = shared_adapter_input(blk, oi, ctx) >= 0;
+            const AdapterInput ai = shared ? AdapterInput{} : adapter_input(blk, op, x, dt[xi], split[xi] != 0, ctx);
             if (ai.saves_x) mark(x, nullptr);  // an activation like any other (split with the layout)
             r.saved += ai.copy + ai.mask;
             const std::int64_t elems = activation_elements(blk.tensors[xi], ctx) / std::max<std::int64_t>(1, op.in_features);

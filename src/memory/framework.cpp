@@ -56,12 +56,15 @@ std::array<P, 10> build_profiles() {
         p.lora_dropout = 0.05;
         p.compile_loss = false;
         p.single_kernel_gelu = true;
+        p.fused_qkv_lora = true;
         rule(p, "`logits = model(input_ids)` stays bound through fabric.backward", "Lightning-AI/litgpt litgpt/finetune/full.py@26857050fe3f L282-285");
         rule(p, "chunked_cross_entropy: 128-row chunks, no explicit upcast", "Lightning-AI/litgpt litgpt/utils.py@26857050fe3f L302-351");
         rule(p, "default training precision bf16-mixed (torch.autocast)", "Lightning-AI/litgpt litgpt/utils.py@26857050fe3f L363-380");
         rule(p, "LoRA dropout 0.05", "Lightning-AI/litgpt litgpt/finetune/lora.py@26857050fe3f L58");
         rule(p, "its own modeling code: tanh-GELU MLPs (Phi, GPT-NeoX) call F.gelu(approximate=\"tanh\"), one kernel saving its input",
              "Lightning-AI/litgpt litgpt/model.py@26857050fe3f L812-816");
+        rule(p, "LoRA on the fused QKV projection (LoRAQKVLinear): one dropout of its input serves the q, k and v adapters",
+             "Lightning-AI/litgpt litgpt/lora.py@26857050fe3f L381-414");
         rule(p, "bitsandbytes plugin: weights quantized from fp16, so each 4-bit dequantization makes an fp16 copy and its bf16 cast",
              "Lightning-AI/pytorch-lightning src/lightning/fabric/plugins/precision/bitsandbytes.py@438f29f07a80 L334");
         rule(p, "the loop's `logits` keep the previous micro-batch's graph through the next forward: with bitsandbytes < 0.43.2 "

@@ -406,6 +406,7 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
             actx.lora_targets = req.lora_targets;
             actx.lora_rank = req.lora_rank;
             actx.lora_dropout = req.lora_dropout.value_or(0.0);  // PEFT LoraConfig.lora_dropout default 0.0
+            actx.fused_qkv_lora = framework_profile(fw.framework).fused_qkv_lora;
             actx.adapter = tdt;
             job.assumptions.push_back(actx.lora_dropout > 0.0
                                           ? "LoRA dropout " + fmt_prob(actx.lora_dropout) +

@@ -117,6 +117,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
     Bytes loss_cast, loss_logp, loss_in, loss_saved;
     std::int64_t loss_chunks = 1;  // a per-chunk loss's backward runs chunk by chunk (Op::chunks)
     bool logits_saved = false;
+    bool cast_saved = false;  // the loss saves its fp32 copy (Megatron's vocab-parallel CE): in act_peak already
     if (td && job.train && graph) {
         const Block& hb = g.blocks.back();
         const std::vector<char> split = tp_split_flags(hb);
@@ -133,12 +134,15 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             if (is_output_head(hb.ops[i]) && !hb.ops[i].outputs.empty()) head_op = i;
         if (head_op < hb.ops.size()) {
             const TensorId logits = storage(hb.ops[head_op].outputs.front());
+            TensorId cast_out = -1;
             std::vector<TensorId> seen;
             for (std::size_t i = head_op + 1; i < hb.ops.size(); ++i) {
                 const Op& op = hb.ops[i];
                 if (op.kind == OpKind::Softmax && op.name.ends_with(".log_softmax")) loss_logp = bytes_of(op.outputs.front());
-                if (op.name.ends_with(".logits_float") && !op.outputs.empty() && storage(op.outputs.front()) == op.outputs.front())
+                if (op.name.ends_with(".logits_float") && !op.outputs.empty() && storage(op.outputs.front()) == op.outputs.front()) {
                     loss_cast = bytes_of(op.outputs.front());
+                    cast_out = op.outputs.front();
+                }
                 if (op.kind == OpKind::Loss && !op.inputs.empty()) {
                     loss_in = bytes_of(op.inputs.front());
                     loss_chunks = std::max<std::int64_t>(1, op.chunks);
@@ -148,6 +152,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                     if (role_dt(st) == DType::I64 || std::find(seen.begin(), seen.end(), st) != seen.end()) continue;
                     seen.push_back(st);
                     logits_saved = logits_saved || st == logits;
+                    cast_saved = cast_saved || (cast_out >= 0 && st == cast_out);
                     loss_saved += bytes_of(st);
                 }
             }
@@ -582,7 +587,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             {
                 // A quantized output layer (--quantize-head) dequantizes its weight
                 // before the logits exist; the fp32 copy comes after it is freed.
-                const Bytes at_head = (logits_saved ? Bytes(0) : ll) + max(head ? loss_cast : Bytes(0), job.dequant_in_forward ? hdq : Bytes(0)),
+                const Bytes at_head = (logits_saved ? Bytes(0) : ll) + max(head && !cast_saved ? loss_cast : Bytes(0), job.dequant_in_forward ? hdq : Bytes(0)),
                             at_layer = job.dequant_in_forward ? dequant : Bytes(0);
                 // The previous micro-batch's held logits keep its graph, and
                 // with it the 4-bit inputs bitsandbytes < 0.43.2 keeps (held_quant).

@@ -89,6 +89,7 @@ struct BlockPlan {
     std::vector<std::vector<Bytes>> param_grads;  // per op: one entry per trainable param tensor
     std::vector<std::vector<std::int32_t>> param_index;  // per op: the block's param index of each param_grads entry
     std::vector<char> lora;
+    std::vector<std::int64_t> lora_share;  // per op: the fused-QKV adapter whose input it shares (-1: none)
     std::vector<AdapterInput> lora_in;  // per op: the adapter's cast / dropped copy of x and dropout mask
     std::vector<char> quant_saves;      // per op: a frozen quantized linear keeping its input (bitsandbytes)
     std::vector<Bytes> lora_a, lora_b;
@@ -108,6 +109,7 @@ struct Instance {
     std::vector<std::int64_t> gid;                 // per local storage
     std::vector<char> rg;                          // per local tensor: requires grad
     std::vector<std::vector<std::int64_t>> saves;  // per op: references held for its backward
+    std::vector<std::int64_t> lora_input;          // per op: its adapter's saved input (dropped / cast copy), for shared fused-QKV adapters
     std::vector<std::int64_t> extra;               // selective recompute: kept q, k, v; SHARD_GRAD_OP: gathered parameters
     std::int64_t input = 0;                        // the block input (caller's)
     std::int64_t checkpoint = 0;                   // full recompute: reference on the input

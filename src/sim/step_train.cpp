@@ -65,6 +65,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
     p.param_index.assign(nops, {});
     p.lora.assign(nops, 0);
     p.lora_in.assign(nops, AdapterInput{});
+    p.lora_share.assign(nops, -1);
     p.quant_saves.assign(nops, 0);
     p.lora_a.assign(nops, Bytes(0));
     p.lora_b.assign(nops, Bytes(0));
@@ -117,7 +118,8 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
         if (job.lora && !inference && lora_applies(op, c.lora_targets)) {
             p.lora[o] = 1;
             const auto x = static_cast<std::size_t>(op.inputs.front());
-            p.lora_in[o] = adapter_input(b, op, op.inputs.front(), p.dt[x], p.split[x] != 0, c);
+            p.lora_share[o] = shared_adapter_input(b, o, c);
+            p.lora_in[o] = p.lora_share[o] >= 0 ? AdapterInput{} : adapter_input(b, op, op.inputs.front(), p.dt[x], p.split[x] != 0, c);
             const std::int64_t rows = activation_elements(b.tensors[x], c) / std::max<std::int64_t>(1, op.in_features);
             p.lora_a[o] = dtype_bytes(c.lowered, checked_mul(rows, c.lora_rank));
             p.lora_b[o] = dtype_bytes(c.lowered, checked_mul(rows, op.out_features));
@@ -190,6 +192,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     in.gid.assign(n, 0);
     in.rg.assign(n, 0);
     in.saves.assign(b.ops.size(), {});
+    in.lora_input.assign(b.ops.size(), 0);
     std::vector<std::int32_t> uses = p.uses;
     const auto st0 = static_cast<std::size_t>(p.storage[0]);
     const auto out_st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(b.output)]);
@@ -368,6 +371,8 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
             // dropout's output and bool mask, lora_A's saved input (x itself, its
             // own autocast cast, or the cast / dropped tensor); lora_B keeps A's
             // [rows, r] output; B's output is added in.
+            // A fused-QKV adapter (LitGPT, shared_adapter_input) reuses the
+            // first one's saved input (its adapter_input is empty).
             const AdapterInput& ai = p.lora_in[o];
             const std::int32_t il = em_.label(b.name + "." + op.name + ".lora_input");
             const std::int64_t cv = em_.alloc(ai.convert, il);
@@ -378,14 +383,22 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
                 if (keep_saves) in.saves[o].push_back(m);
                 else em_.unref(m);
             }
-            if (ai.saves_x) {
+            const std::int64_t share = p.lora_share[o];
+            if (share >= 0) {
+                if (keep_saves && in.lora_input[static_cast<std::size_t>(share)] != 0) keep(o, in.lora_input[static_cast<std::size_t>(share)]);
+            } else if (ai.saves_x) {
                 if (keep_saves) keep(o, in.gid[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.inputs.front())])]);
             } else if (ai.cast) {
                 const auto cc = em_.alloc(ai.copy, il);
-                if (keep_saves) in.saves[o].push_back(cc);
-                else em_.unref(cc);
+                if (keep_saves) {
+                    in.saves[o].push_back(cc);
+                    in.lora_input[o] = cc;
+                } else {
+                    em_.unref(cc);
+                }
             } else if (keep_saves) {
-                keep(o, dropped != 0 ? dropped : cv);
+                in.lora_input[o] = dropped != 0 ? dropped : cv;
+                keep(o, in.lora_input[o]);
             }
             const auto a = em_.alloc(p.lora_a[o], em_.label(b.name + "." + op.name + ".lora_A"));
             if (keep_saves) in.saves[o].push_back(a);

@@ -50,6 +50,9 @@ struct ActivationContext {
     std::vector<std::string> lora_targets;  // module leaf names with adapters
     std::int64_t lora_rank = 0;
     double lora_dropout = 0.0;              // PEFT lora_dropout (0: nn.Identity)
+    // LitGPT's LoRAQKVLinear: the q, k and v adapters are one module over the
+    // fused QKV projection, with one dropout of its input (shared_adapter_input).
+    bool fused_qkv_lora = false;
     DType adapter = DType::F32;             // dtype of the adapters' weights
     // Weight quantization of the frozen base (bitsandbytes / GPTQ): which
     // linears hold quantized weights, and whether their matmuls keep the input
@@ -154,6 +157,11 @@ struct ActivationResult {
 // True when a LoRA adapter wraps this op (a Linear whose leaf module name is
 // in `targets`; "all-linear" means every Linear except lm_head, as PEFT).
 bool lora_applies(const Op& op, const std::vector<std::string>& targets);
+// With ctx.fused_qkv_lora: the earlier q/k/v projection of block `b` whose
+// adapter input (its dropout's output and mask, or cast) op `o`'s adapter
+// shares, both reading the same input (litgpt/lora.py@26857050fe3f
+// L381-414: one `self.lora_dropout(x)` for every enabled q, k, v); -1 if none.
+std::int64_t shared_adapter_input(const Block& b, std::size_t o, const ActivationContext& ctx);
 
 // Sequence lengths a tensor's extent is evaluated at on one rank: its query
 // (token) length and its key length (c2 = query x key; cp: every rank's keys).

@@ -61,6 +61,8 @@ struct FrameworkProfile {
     // Its own modeling code runs tanh-GELU as one kernel (LitGPT's
     // GptNeoxMLP: F.gelu(approximate="tanh")), not HF's composite NewGELUActivation.
     bool single_kernel_gelu = false;
+    // LoRA on a fused QKV module with one dropout of its input (LitGPT's LoRAQKVLinear).
+    bool fused_qkv_lora = false;
     // Calls PEFT's prepare_model_for_kbit_training for quantized LoRA
     // (--kbit-upcast's default).
     bool kbit_upcast = false;
