@@ -354,3 +354,25 @@ TEST(Frameworks, LitgptQkvAdaptersShareOneDropout) {
     };
     EXPECT_EQ((layer(hf) - layer(lit)).count(), 2 * (2 + 1) * b * s * h);
 }
+
+// torchtune's model returns `self.output(h).float()` without chunked output
+// (torchtune/modules/transformer.py L678-689): a compiled full loss reads,
+// saves and differentiates the fp32 logits (4bsV), where a loss compiled with
+// its own upcast (HF's ForCausalLMLoss inside the compiled model) keeps the
+// 16-bit logits and an fp32 logsumexp per row (2bsV + 4bs).
+TEST(Frameworks, TorchtuneCompiledFullLossKeepsFp32Logits) {
+    const ModelGraph g = llama_like();
+    const std::int64_t b = 2, s = 128, V = 1000;
+    EstimateRequest hf = base(), tt = base();
+    for (EstimateRequest* r : {&hf, &tt}) {
+        r->compile = true;
+        r->cross_entropy = CrossEntropy::Full;
+    }
+    tt.framework = Framework::Torchtune;
+    auto head = [&](const EstimateRequest& r) {
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        return e.value().activation_detail.blocks.back().total;
+    };
+    EXPECT_EQ((head(tt) - head(hf)).count(), 4 * b * s * V - (2 * b * s * V + 4 * b * s));
+}

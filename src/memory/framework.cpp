@@ -35,6 +35,7 @@ std::array<P, 10> build_profiles() {
         p.cross_entropy = CrossEntropy::Chunked;
         p.ce_chunks = 8;
         p.ce_chunked_head = true;
+        p.ce_upcast_in_model = true;
         p.default_precision = Precision::BF16;
         const std::string why = "torchtune has no autocast mode: it trains with `dtype: bf16` (use --precision bf16) or fp32";
         p.unsupported = {{Precision::AmpBF16, why}, {Precision::AmpFP16, why}, {Precision::FP16, "torchtune does not train in fp16: use --precision bf16 or fp32"}};
@@ -42,6 +43,8 @@ std::array<P, 10> build_profiles() {
         rule(p, "LinearCrossEntropyLoss: output projection and cross-entropy in 8 chunks, each upcast to fp32", "pytorch/torchtune torchtune/modules/loss/cross_entropy_loss.py@bd2a0fc7c314 L19-70, L107-114");
         rule(p, "dtype: bf16: the model in bf16, no autocast", "pytorch/torchtune recipes/full_finetune_single_device.py@bd2a0fc7c314 L126, L400-416");
         rule(p, "RMSNorm in fp32 with eager ops (as Hugging Face)", "pytorch/torchtune torchtune/modules/rms_norm.py@bd2a0fc7c314 L28-39");
+        rule(p, "without chunked output the model returns `self.output(h).float()`: a compiled full loss reads, saves and differentiates fp32 logits",
+             "pytorch/torchtune torchtune/modules/transformer.py@bd2a0fc7c314 L678-689");
         rule(p, "LoRA dropout 0.0", "pytorch/torchtune torchtune/models/llama3_1/_component_builders.py@bd2a0fc7c314 L158");
     }
     {
@@ -253,8 +256,11 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
         // nll fuse, and the backward recomputes the softmax from the logits
         // and a per-row logsumexp instead of keeping an fp32 log_softmax.
         if (ch.compile && p.compile_loss && (rw.loss == LossKernel::Full || rw.loss == LossKernel::Chunked)) {
+            // A model that upcasts whole logits itself hands the compiled loss
+            // fp32 logits (kept, as Megatron's fp32 softmax is: LossKernel::Fused
+            // with the upcast).
+            rw.loss_upcast = rw.loss == LossKernel::Full && p.ce_upcast_in_model;
             rw.loss = LossKernel::Fused;
-            rw.loss_upcast = false;
             rw.loss_chunked_head = false;  // every chunk's logits are kept for the recompute
         }
     }

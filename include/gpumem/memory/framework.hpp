@@ -57,6 +57,10 @@ struct FrameworkProfile {
     // nanoGPT and the HF Trainer compile the whole model with its loss;
     // torchtitan compiles each transformer block, LitGPT the model only.
     bool compile_loss = true;
+    // The model itself upcasts whole logits to fp32 before the loss (torchtune's
+    // TransformerDecoder without chunked output): a compiled loss then reads,
+    // saves and differentiates fp32 logits.
+    bool ce_upcast_in_model = false;
     bool activation_offload = false;
     // Its own modeling code runs tanh-GELU as one kernel (LitGPT's
     // GptNeoxMLP: F.gelu(approximate="tanh")), not HF's composite NewGELUActivation.
