@@ -18,14 +18,9 @@ using namespace gpumem;
 
 namespace {
 
+// A small Llama: h=512, 8 heads (kv 4), I=1376, V=8000.
 ModelGraph llama_like(int layers = 4) {
-    // A small Llama: h=512, 8 heads (kv 4), I=1376, V=8000.
-    nlohmann::json c = {{"model_type", "llama"},      {"hidden_size", 512},        {"num_attention_heads", 8},
-                        {"num_key_value_heads", 4},   {"num_hidden_layers", layers}, {"intermediate_size", 1376},
-                        {"vocab_size", 8000},         {"max_position_embeddings", 8192}, {"tie_word_embeddings", false}};
-    auto g = load_hf_config_json(c, "test");
-    EXPECT_TRUE(g.ok());
-    return std::move(g).value();
+    return test::llama_graph({.hidden = 512, .heads = 8, .kv_heads = 4, .layers = layers, .intermediate = 1376, .vocab = 8000, .max_positions = 8192});
 }
 
 EstimateResult run(const ModelGraph& g, const EstimateRequest& r, bool simulate) {
@@ -34,16 +29,20 @@ EstimateResult run(const ModelGraph& g, const EstimateRequest& r, bool simulate)
     return std::move(e).value();
 }
 
-Bytes row(const EstimateResult& e, const std::string& key) {
-    for (const auto& r : e.breakdown)
-        if (r.key == key) return r.bytes;
-    return Bytes(-1);
-}
+Bytes row(const EstimateResult& e, const std::string& key) { return test::breakdown_row(e, key); }
+Bytes rows_sum(const EstimateResult& e) { return test::breakdown_sum(e); }
 
-Bytes rows_sum(const EstimateResult& e) {
-    Bytes s;
-    for (const auto& r : e.breakdown) s += r.bytes;
-    return s;
+// The analytic estimate of `r` and its per-stage view (one stage here).
+struct Analytic {
+    EstimateResult e;
+    ParallelResult par;
+    [[nodiscard]] const Job& job() const { return *e.job; }
+    [[nodiscard]] const StageMemory& stage() const { return par.stages[0]; }
+};
+Analytic analytic(const ModelGraph& g, const EstimateRequest& r) {
+    EstimateResult e = run(g, r, false);
+    ParallelResult par = parallel_memory(g, *e.job);
+    return {std::move(e), std::move(par)};
 }
 
 double rel(Bytes a, Bytes b) { return std::fabs(static_cast<double>(a.count() - b.count())) / static_cast<double>(b.count()); }
@@ -145,10 +144,11 @@ TEST(CudaGraphs, CompilePoolFromTheRules) {
     r.precision = Precision::FP32;
     r.analytic = true;
     r.cuda_graphs = CudaGraphs::Compile;
-    const EstimateResult e = run(g, r, false);
-    const Job& job = *e.job;
-    const ParallelResult par = parallel_memory(g, job);
-    const StageMemory& sm = par.stages[0];
+    const Analytic a = analytic(g, r);
+    const EstimateResult& e = a.e;
+    const Job& job = a.job();
+    const StageMemory& sm = a.stage();
+    const ParallelResult& par = a.par;
     ASSERT_EQ(sm.peak_phase, "optimizer");
     std::int64_t P = 0;
     Bytes G, round_g;
@@ -186,19 +186,18 @@ TEST(CudaGraphs, MegatronPoolHoldsTheLayers) {
     r.seq = 512;
     r.analytic = true;
     r.cuda_graphs = CudaGraphs::Megatron;
-    const EstimateResult e = run(g, r, false);
-    const Job& job = *e.job;
-    const ParallelResult par = parallel_memory(g, job);
-    const StageMemory& sm = par.stages[0];
+    const Analytic a = analytic(g, r);
+    const EstimateResult& e = a.e;
+    const Job& job = a.job();
+    const StageMemory& sm = a.stage();
     Bytes layers;
     const ActivationResult act = saved_activations(job_graph(g, job), job.actx);
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi)
         if (g.blocks[bi].checkpointable) layers += act.blocks[bi].total;
     EXPECT_GT(layers, Bytes(0));
     EXPECT_GE(sm.graph_pool, layers.round_up(MiB(2).count()));
-    if (sm.peak_phase == "optimizer") {
-        EXPECT_EQ(sm.graph_pool_idle, sm.graph_pool);
-    }
+    ASSERT_EQ(sm.peak_phase, "optimizer") << "this job peaks in the optimizer step, where the pool holds nothing";
+    EXPECT_EQ(sm.graph_pool_idle, sm.graph_pool);
     EXPECT_EQ(row(e, "cuda_graph_pool"), sm.graph_pool_idle);
     EXPECT_EQ(rows_sum(e), e.per_gpu.total_device);
 }
@@ -211,12 +210,8 @@ TEST(CudaGraphs, MegatronPoolHoldsTheLayers) {
 // Megatron's pool, which holds activations only, within 20% (activations of 1
 // to 10 MiB share 20 MiB segments, which the analytic pool does not round to).
 TEST(CudaGraphs, AnalyticAndSimulatedAgree) {
-    nlohmann::json c = {{"model_type", "llama"},      {"hidden_size", 2048},       {"num_attention_heads", 16},
-                        {"num_key_value_heads", 8},   {"num_hidden_layers", 8},    {"intermediate_size", 5504},
-                        {"vocab_size", 32000},        {"max_position_embeddings", 8192}, {"tie_word_embeddings", false}};
-    auto loaded = load_hf_config_json(c, "test");
-    ASSERT_TRUE(loaded.ok());
-    const ModelGraph& g = loaded.value();
+    const ModelGraph g =
+        test::llama_graph({.hidden = 2048, .heads = 16, .kv_heads = 8, .layers = 8, .intermediate = 5504, .vocab = 32000, .max_positions = 8192});
     struct Case {
         CudaGraphs cg;
         std::int64_t batch, seq;

@@ -12,6 +12,7 @@
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/sim/simulate.hpp"
+#include "test_util.hpp"
 
 using namespace gpumem;
 
@@ -41,11 +42,8 @@ EstimateRequest megatron(const std::string& gpu, Fp8Recipe r) {
     return q;
 }
 
-Bytes row(const EstimateResult& e, const std::string& key) {
-    for (const auto& r : e.breakdown)
-        if (r.key == key) return r.bytes;
-    return Bytes(0);
-}
+// A breakdown row, 0 when the estimate has none (no FP8 copies: no row).
+Bytes row(const EstimateResult& e, const std::string& key) { return test::breakdown_row(e, key, Bytes(0)); }
 
 Bytes fp8_row(const EstimateRequest& q) {
     auto e = estimate(q);
@@ -121,14 +119,7 @@ TEST(Fp8, WeightCopiesUnderLayoutsAndTorchao) {
 namespace {
 
 // A small Llama: h=256, 4 heads (kv 2), I=704, 3 layers, V=1000.
-ModelGraph small_llama() {
-    nlohmann::json c = {{"model_type", "llama"},    {"hidden_size", 256},       {"num_attention_heads", 4},
-                        {"num_key_value_heads", 2}, {"num_hidden_layers", 3},   {"intermediate_size", 704},
-                        {"vocab_size", 1000},       {"max_position_embeddings", 4096}, {"tie_word_embeddings", false}};
-    auto g = load_hf_config_json(c, "test");
-    EXPECT_TRUE(g.ok());
-    return std::move(g).value();
-}
+ModelGraph small_llama() { return test::llama_graph({.intermediate = 704}); }
 
 EstimateRequest small(Framework f, Fp8Recipe r) {
     EstimateRequest q;

@@ -13,15 +13,8 @@ using namespace gpumem;
 
 namespace {
 
-ModelGraph llama_like() {
-    // A small Llama: h=256, 4 heads (kv 2), I=688, 3 layers, V=1000.
-    nlohmann::json c = {{"model_type", "llama"},         {"hidden_size", 256},         {"num_attention_heads", 4},
-                        {"num_key_value_heads", 2},      {"num_hidden_layers", 3},     {"intermediate_size", 688},
-                        {"vocab_size", 1000},            {"max_position_embeddings", 4096}, {"tie_word_embeddings", false}};
-    auto g = load_hf_config_json(c, "test");
-    EXPECT_TRUE(g.ok());
-    return std::move(g).value();
-}
+// A small Llama: h=256, 4 heads (kv 2), I=688, 3 layers, V=1000.
+ModelGraph llama_like() { return test::llama_graph({}); }
 
 EstimateRequest base() {
     EstimateRequest r;
@@ -219,14 +212,7 @@ TEST(Frameworks, TorchtitanShardsOverContextParallelRanks) {
 namespace {
 
 // A small Llama with a large vocabulary, so that the loss sets the peak.
-ModelGraph wide_vocab(bool tied) {
-    nlohmann::json c = {{"model_type", "llama"},    {"hidden_size", 256},       {"num_attention_heads", 4},
-                        {"num_key_value_heads", 2}, {"num_hidden_layers", 2},   {"intermediate_size", 688},
-                        {"vocab_size", 32000},      {"max_position_embeddings", 4096}, {"tie_word_embeddings", tied}};
-    auto g = load_hf_config_json(c, "test");
-    EXPECT_TRUE(g.ok());
-    return std::move(g).value();
-}
+ModelGraph wide_vocab(bool tied) { return test::llama_graph({.layers = 2, .vocab = 32000, .tied = tied}); }
 
 Bytes peak(const ModelGraph& g, EstimateRequest r, bool analytic) {
     r.analytic = analytic;

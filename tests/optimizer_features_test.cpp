@@ -10,6 +10,7 @@
 #include "gpumem/memory/features.hpp"
 #include "gpumem/memory/fields.hpp"
 #include "gpumem/sim/simulate.hpp"
+#include "test_util.hpp"
 
 using namespace gpumem;
 
@@ -49,17 +50,8 @@ EstimateResult simulated(EstimateRequest r) {
     return ok(simulate_estimate(r));
 }
 
-Bytes row(const EstimateResult& r, const std::string& key) {
-    for (const auto& b : r.breakdown)
-        if (b.key == key) return b.bytes;
-    return Bytes(-1);
-}
-
-Bytes rows_sum(const EstimateResult& r) {
-    Bytes s;
-    for (const auto& b : r.breakdown) s += b.bytes;
-    return s;
-}
+Bytes row(const EstimateResult& r, const std::string& key) { return test::breakdown_row(r, key); }
+Bytes rows_sum(const EstimateResult& r) { return test::breakdown_sum(r); }
 
 Error error_of(const EstimateRequest& r) {
     auto e = estimate(r);

@@ -1,6 +1,8 @@
 // Helpers shared by the tests: fixture paths and running the CLI.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -9,7 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/request.hpp"
+#include "gpumem/model/load.hpp"
 
 namespace gpumem::test {
 
@@ -97,6 +101,34 @@ inline std::int64_t oracle_mean_saves(const nlohmann::json& cs) {
 inline std::int64_t oracle_modern_peak(const nlohmann::json& step, std::int64_t mean_saves) {
     const std::string phase = step["peak_phase"];
     return step["peak_bytes"].get<std::int64_t>() - (phase == "forward" || phase == "backward" ? mean_saves : 0);
+}
+
+// A small Llama built from its config.json keys (the tests' hand-written models).
+struct LlamaShape {
+    std::int64_t hidden = 256, heads = 4, kv_heads = 2, layers = 3, intermediate = 688, vocab = 1000;
+    bool tied = false;
+    std::int64_t max_positions = 4096;
+};
+inline ModelGraph llama_graph(const LlamaShape& s) {
+    const nlohmann::json c = {{"model_type", "llama"},          {"hidden_size", s.hidden},        {"num_attention_heads", s.heads},
+                              {"num_key_value_heads", s.kv_heads}, {"num_hidden_layers", s.layers}, {"intermediate_size", s.intermediate},
+                              {"vocab_size", s.vocab},          {"max_position_embeddings", s.max_positions}, {"tie_word_embeddings", s.tied}};
+    auto g = load_hf_config_json(c, "test");
+    EXPECT_TRUE(g.ok()) << (g.ok() ? "" : g.error().message);
+    return std::move(g).value();
+}
+
+// A breakdown row's bytes (`missing` when the estimate has no such row), and
+// the sum of every row (which must equal per_gpu.total_device).
+inline Bytes breakdown_row(const EstimateResult& e, const std::string& key, Bytes missing = Bytes(-1)) {
+    for (const auto& r : e.breakdown)
+        if (r.key == key) return r.bytes;
+    return missing;
+}
+inline Bytes breakdown_sum(const EstimateResult& e) {
+    Bytes s;
+    for (const auto& r : e.breakdown) s += r.bytes;
+    return s;
 }
 
 }  // namespace gpumem::test

@@ -6,13 +6,6 @@
 
 namespace gpumem {
 
-namespace {
-
-std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
-std::int64_t ceil_div(std::int64_t n, std::int64_t m) { return (n + m - 1) / m; }
-
-}  // namespace
-
 bool te_recipe(Fp8Recipe r) { return r == Fp8Recipe::Delayed || r == Fp8Recipe::Current || r == Fp8Recipe::MXFP8 || r == Fp8Recipe::NVFP4; }
 
 QuantFormat te_format(Fp8Recipe r) {
@@ -42,15 +35,15 @@ std::vector<Bytes> te_weight_workspace(Fp8Recipe r, std::int64_t rows, std::int6
             // MXFP8Quantizer.inner_tensor_specs: row-wise data and scales
             // [roundup(M, 128), roundup(K // 32, 4)], column-wise data and scales
             // [roundup(M // 32, 4), roundup(K, 128)].
-            return {Bytes(n), Bytes(checked_mul(round_up(rows, 128), round_up(cols / 32, 4))), Bytes(n),
-                    Bytes(checked_mul(round_up(rows / 32, 4), round_up(cols, 128)))};
+            return {Bytes(n), Bytes(checked_mul(checked_round_up(rows, 128), checked_round_up(cols / 32, 4))), Bytes(n),
+                    Bytes(checked_mul(checked_round_up(rows / 32, 4), checked_round_up(cols, 128)))};
         case Fp8Recipe::NVFP4:
             // NVFP4Quantizer.inner_tensor_specs: row-wise [M, K // 2] and scales
             // [roundup(M, 128), roundup(ceil(K / 16), 4)], column-wise (transposed)
             // [K, M // 2] and scales [roundup(K, 128), roundup(ceil(M / 16), 4)],
             // an fp32 amax per usage.
-            return {Bytes(checked_mul(rows, cols / 2)), Bytes(checked_mul(round_up(rows, 128), round_up(ceil_div(cols, 16), 4))),
-                    Bytes(checked_mul(cols, rows / 2)), Bytes(checked_mul(round_up(cols, 128), round_up(ceil_div(rows, 16), 4))), Bytes(4), Bytes(4)};
+            return {Bytes(checked_mul(rows, cols / 2)), Bytes(checked_mul(checked_round_up(rows, 128), checked_round_up(checked_ceil_div(cols, 16), 4))),
+                    Bytes(checked_mul(cols, rows / 2)), Bytes(checked_mul(checked_round_up(cols, 128), checked_round_up(checked_ceil_div(rows, 16), 4))), Bytes(4), Bytes(4)};
         default: return {};
     }
 }

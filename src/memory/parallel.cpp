@@ -27,6 +27,7 @@
 #include "gpumem/memory/fp8.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/graph.hpp"
+#include "gpumem/model/rewrite.hpp"
 
 namespace gpumem {
 
@@ -600,11 +601,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 // Backward of log_softmax: its fp32 output-gradient and input-gradient.
                 // (fused kernels: the gradient of the loss input only)
                 // A per-chunk loss: one chunk's gradients over everything saved
-                // (the same chunk as the simulator's, model/rewrite.hpp
-                // loss_chunk_grads; the cast copy is one chunk already).
-                const Bytes loss_grad = loss_chunks > 1 ? (loss_logp > Bytes(0) ? loss_logp.ceil_div(loss_chunks) + (loss_cast > Bytes(0) ? loss_cast : ll.ceil_div(loss_chunks))
-                                                                                 : loss_in.ceil_div(loss_chunks))
-                                        : loss_logp > Bytes(0) ? loss_logp + (loss_cast > Bytes(0) ? loss_cast : ll) : loss_in;
+                // (model/rewrite.hpp loss_chunk_transient, as the simulator).
+                const Bytes whole_grad = loss_logp > Bytes(0) ? loss_logp + (loss_cast > Bytes(0) ? loss_cast : ll) : loss_in;
+                const Bytes loss_grad = loss_chunks > 1 ? loss_chunk_transient(loss_logp, loss_cast, ll, loss_chunks) : whole_grad;
                 // (held logits the loss saved are in act_peak already)
                 moments.push_back({"backward", act_peak, held_output + (logits_saved ? Bytes(0) : held_l) + loss_grad + grad_head, gather_head, layer_act_peak});
                 // Backward of the output layer: log_softmax's saved output is gone; the
@@ -618,14 +617,11 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 // A per-chunk loss projects per chunk: the weight's gradient
                 // contributions summed in autograd's input buffer, the sum and
                 // one contribution at once (as the simulator; 16-bit under autocast).
-                if (loss_chunks > 1) {
-                    Bytes w = tied_grad > Bytes(0) ? tied_grad : head_wgrad;
-                    if (job.lora) w = Bytes(0);
-                    if (job.amp && job.tdt == DType::F32) w = Bytes(w.count() / 2);
-                    if (w > Bytes(0))
-                        moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved), held_output + held_l + ll + w * 2 + grad_head, gather_head,
-                                           layer_act_peak});
-                }
+                const Bytes head_w = job.lora ? Bytes(0) : tied_grad > Bytes(0) ? tied_grad : head_wgrad;
+                if (loss_chunks > 1 && head_w > Bytes(0))
+                    moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved),
+                                       held_output + held_l + ll + chunked_head_grad_transient(head_w, job.amp && job.tdt == DType::F32) + grad_head,
+                                       gather_head, layer_act_peak});
                 moments.push_back({"backward", act_peak - std::min(act_peak, loss_saved), held_output + held_l + ll + tied_grad + own + grad_head + hdq, gather_head,
                                    layer_act_peak});
             }

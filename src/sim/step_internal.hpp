@@ -97,6 +97,12 @@ struct BlockPlan {
     // per op: Transformer Engine's cached FP8 weight workspace and delayed-scaling
     // state of its weights on this rank (memory/fp8.hpp), made by its first forward
     std::vector<std::vector<Bytes>> fp8_copies, fp8_state;
+    // A per-chunk loss (Op::chunks) in this block: its chunk count, the output
+    // head's op, and one chunk's gradients in flight (model/rewrite.hpp
+    // loss_chunk_transient); loss_chunks 1 otherwise.
+    std::int64_t loss_chunks = 1;
+    std::size_t head_op = 0;
+    Bytes loss_chunk_grad;
     bool checkpointed = false;
 };
 

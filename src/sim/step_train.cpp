@@ -132,6 +132,18 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             }
         }
     }
+    for (std::size_t o = 0; o < nops; ++o) {
+        if (b.ops[o].kind != OpKind::Loss || b.ops[o].chunks <= 1) continue;
+        for (std::size_t h = 0; h < o; ++h)
+            if (is_output_head(b.ops[h]) && !b.ops[h].outputs.empty()) {
+                p.head_op = h;
+                p.loss_chunks = b.ops[o].chunks;
+            }
+        if (p.loss_chunks <= 1) continue;
+        const LossChunkGrads lc = loss_chunk_grads(b, p.head_op, o);
+        const auto bytes_of = [&](TensorId t) { return t >= 0 ? p.bytes[static_cast<std::size_t>(t)] : Bytes(0); };
+        p.loss_chunk_grad = loss_chunk_transient(bytes_of(lc.logp), bytes_of(lc.cast), bytes_of(lc.logits), p.loss_chunks);
+    }
     p.checkpointed = !inference && (c.recompute == Recompute::Full || c.recompute == Recompute::Ops) && b.checkpointable;
     return p;
 }
@@ -525,10 +537,6 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
         else em_.transient(block_flat_[pi], param_grad_label_);
     }
 
-    std::int64_t loss_chunks = 1;  // a per-chunk loss (Op::chunks) in this block
-    for (const Op& op : b.ops)
-        if (op.kind == OpKind::Loss) loss_chunks = std::max<std::int64_t>(loss_chunks, op.chunks);
-
     auto grad_for = [&](TensorId t) {
         const auto st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(t)]);
         if (!in.rg[static_cast<std::size_t>(t)] && st != st0) return;
@@ -578,7 +586,7 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
                 }
             }
         }
-        if (op.kind == OpKind::Loss && op.chunks > 1) {
+        if (op.kind == OpKind::Loss && p.loss_chunks > 1) {
             // A per-chunk loss (Op::chunks): autograd runs each chunk's loss
             // backward in turn, making that chunk's gradient and releasing that
             // chunk's saved tensors (the engine frees a node's saved variables
@@ -587,22 +595,13 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
             // one chunk's gradients in flight over everything saved, then the
             // saves released and the logits' gradient made whole (the chunks'
             // gradients, which the output projection reads).
-            std::size_t head = b.ops.size();
-            for (std::size_t h = 0; h < o; ++h)
-                if (is_output_head(b.ops[h]) && !b.ops[h].outputs.empty()) head = h;
-            if (head < b.ops.size()) {
-                const LossChunkGrads lc = loss_chunk_grads(b, head, o);
-                const auto bytes_of = [&](TensorId t) { return t >= 0 ? p.bytes[static_cast<std::size_t>(t)] : Bytes(0); };
-                const Bytes one = bytes_of(lc.logp).ceil_div(op.chunks) +
-                                  (lc.cast >= 0 ? bytes_of(lc.cast) : bytes_of(lc.logits).ceil_div(op.chunks));
-                em_.transient(one, glabel);
-                for (std::size_t o2 = head + 1; o2 <= o; ++o2) {
-                    for (auto id : in.saves[o2]) em_.unref(id);
-                    in.saves[o2].clear();
-                }
-                grad_for(lc.logits);
-                continue;
+            em_.transient(p.loss_chunk_grad, glabel);
+            for (std::size_t o2 = p.head_op + 1; o2 <= o; ++o2) {
+                for (auto id : in.saves[o2]) em_.unref(id);
+                in.saves[o2].clear();
             }
+            grad_for(b.ops[p.head_op].outputs.front());
+            continue;
         }
         bool has_out_grad = false;
         for (auto t : op.outputs) has_out_grad = has_out_grad || grad[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(t)])] != 0;
@@ -617,18 +616,14 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
             }
             em_.unref(dq);
             if (is_matmul(op.kind)) workspace(true);
-            if (base_tr && loss_chunks > 1 && is_output_head(op)) {
+            if (base_tr && p.loss_chunks > 1 && o == p.head_op) {
                 // A per-chunk loss projects per chunk too (torchtune's chunked
                 // output / LinearCrossEntropyLoss, LitGPT's lm_head_chunk_size):
-                // the weight's k gradient contributions are summed in the
-                // autograd input buffer before AccumulateGrad, in place from the
-                // second on (torch >= 2.0 InputBuffer accumulate /
-                // can_accumulate_inplace): the sum and one contribution at once,
-                // 16-bit under autocast.
+                // the weight's gradient contributions summed before AccumulateGrad
+                // (model/rewrite.hpp chunked_head_grad_transient).
                 Bytes w = p.tied_grad[o];
                 for (const Bytes& pg : p.param_grads[o]) w += pg;
-                if (job_.amp && job_.tdt == DType::F32) w = Bytes(w.count() / 2);
-                em_.transient(w * 2, glabel);
+                em_.transient(chunked_head_grad_transient(w, job_.amp && job_.tdt == DType::F32), glabel);
             }
             if (base_tr && op.params.empty() && op.kind == OpKind::Linear) {
                 if (tied_owned_) {

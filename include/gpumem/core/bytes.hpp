@@ -38,6 +38,12 @@ inline std::int64_t checked_mul(std::int64_t a, std::int64_t b) {
     if (__builtin_mul_overflow(a, b, &r)) throw OverflowError("64-bit overflow in multiplication");
     return r;
 }
+// Integer division rounding up (k > 0), and n rounded up to a multiple of m.
+inline std::int64_t checked_ceil_div(std::int64_t n, std::int64_t k) {
+    if (k <= 0) throw std::invalid_argument("ceil_div by a non-positive number");
+    return n / k + ((n % k) > 0 ? 1 : 0);
+}
+inline std::int64_t checked_round_up(std::int64_t n, std::int64_t m) { return checked_mul(checked_ceil_div(n, m), m); }
 
 class Bytes {
 public:
@@ -56,11 +62,8 @@ public:
     friend Bytes operator*(Bytes a, std::int64_t k) { return Bytes(checked_mul(a.n_, k)); }
     friend Bytes operator*(std::int64_t k, Bytes a) { return Bytes(checked_mul(a.n_, k)); }
     // Integer division rounding up: used when a state is split into shards.
-    [[nodiscard]] Bytes ceil_div(std::int64_t k) const {
-        if (k <= 0) throw std::invalid_argument("Bytes::ceil_div by a non-positive number");
-        return Bytes(n_ / k + ((n_ % k) > 0 ? 1 : 0));
-    }
-    [[nodiscard]] Bytes round_up(std::int64_t multiple) const { return ceil_div(multiple) * multiple; }
+    [[nodiscard]] Bytes ceil_div(std::int64_t k) const { return Bytes(checked_ceil_div(n_, k)); }
+    [[nodiscard]] Bytes round_up(std::int64_t multiple) const { return Bytes(checked_round_up(n_, multiple)); }
 
     friend constexpr auto operator<=>(Bytes, Bytes) = default;
 

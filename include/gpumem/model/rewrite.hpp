@@ -76,12 +76,26 @@ ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw);
 // The tensors a per-chunk loss backward makes gradients for, between the
 // output head `head` and the loss op `loss` of block `b`: the logits (the
 // head's output), log_softmax's output and the fp32 copy of a chunk the loss
-// casts (-1 when absent). One chunk's gradients in flight are
-// bytes(logp)/chunks + (cast ? bytes(cast) : bytes(logits)/chunks): the
-// analytic path and the simulator both use this.
+// casts (-1 when absent).
 struct LossChunkGrads {
     TensorId logits = -1, logp = -1, cast = -1;
 };
 LossChunkGrads loss_chunk_grads(const Block& b, std::size_t head, std::size_t loss);
+
+// A per-chunk loss's backward (Op::chunks), as the analytic path and the
+// simulator both count it. One chunk's gradients in flight over everything
+// saved: log_softmax's output gradient for one chunk and the input gradient
+// (the chunk's fp32 copy, already one chunk, or one chunk of the logits).
+inline Bytes loss_chunk_transient(Bytes logp, Bytes cast, Bytes logits, std::int64_t chunks) {
+    return logp.ceil_div(chunks) + (cast > Bytes(0) ? cast : logits.ceil_div(chunks));
+}
+// The output projection's weight gradient, run per chunk too: its
+// contributions summed in autograd's input buffer, in place from the second
+// on (torch >= 2.0 InputBuffer accumulate / can_accumulate_inplace), so the
+// sum and one contribution exist at once; 16-bit contributions under autocast
+// over fp32 weights.
+inline Bytes chunked_head_grad_transient(Bytes weight_grad, bool sixteen_bit_contributions) {
+    return (sixteen_bit_contributions ? Bytes(weight_grad.count() / 2) : weight_grad) * 2;
+}
 
 }  // namespace gpumem
