@@ -209,6 +209,7 @@ HF_LINEAR = {  # model_type -> (q, k, v, o, mlp modules, fused qkv name or None)
     "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj", ["gate_proj", "up_proj", "down_proj"], None),
     "phi": ("q_proj", "k_proj", "v_proj", "dense", ["fc1", "fc2"], None),
     "phi3": (None, None, None, "o_proj", ["gate_up_proj", "down_proj"], "qkv_proj"),
+    "gpt_neox": (None, None, None, "dense", ["dense_h_to_4h", "dense_4h_to_h"], "query_key_value"),
 }
 
 
@@ -237,7 +238,7 @@ def _need(flags, flag, what):
         raise NotExpressible(f"not yet expressible: {flag} ({what})")
 
 
-def _lora_targets(r, model_type):
+def _lora_targets(r, model_type, approx):
     lo = r["lora"]
     names = lo.get("targets") or []
     kind = lo.get("target_names")
@@ -258,7 +259,12 @@ def _lora_targets(r, model_type):
     if fused:
         qkv = [x for x in want if x in ("q", "k", "v")]
         if qkv and len(qkv) != 3:
-            raise NotExpressible(f"LoRA on part of the fused {fused} ({','.join(qkv)}) has no gpumem target")
+            if r["framework"] != "litgpt":
+                raise NotExpressible(f"LoRA on part of the fused {fused} ({','.join(qkv)}) has no gpumem target")
+            # LitGPT's LoRAQKVLinear: one dropout of the input and one A for the
+            # enabled parts; modelled as LoRA on the whole fused projection.
+            approx.append(f"LoRA on {','.join(qkv)} of the fused {fused} modelled on the whole of it "
+                          f"(one more adapter pair per layer: rank x (hidden + hidden) parameters)")
         if qkv:
             out.append(fused)
     else:
@@ -298,6 +304,11 @@ def _precision(p):
     raise NotExpressible(f"precision '{p}' has no mapping")
 
 
+# torchtitan commits (as the rows' sources name them) whose train.py left the
+# loss uncompiled under training.compile.
+TORCHTITAN_LOSS_NOT_COMPILED = ("torchtitan 9dec370ad",)
+
+
 def _optimizer(r, task, flags):
     o = r.get("optimizer")
     notes, args = [], []
@@ -310,8 +321,18 @@ def _optimizer(r, task, flags):
         raise NotExpressible(f"optimizer '{o}' (4-bit states) has no gpumem equivalent")
     if "lora-fa" in ol:
         raise NotExpressible("LoRA-FA optimizer (frozen A, no A gradients) has no gpumem equivalent")
-    paged = "paged" in ol
-    if "8bit" in ol or "8-bit" in ol:
+    # Paged only when the optimizer named is (text before any parenthesis):
+    # torchtune's "8-bit AdamW" row merely notes the config's paged default.
+    paged = "paged" in ol.split("(")[0]
+    if "8-bit adamw (" in ol and "paged" in ol:
+        notes.append("8-bit AdamW implementation not stated (torchtune's docs offer torchao AdamW8bit and bitsandbytes PagedAdamW8bit): "
+                     "non-paged states in the allocator assumed")
+    if paged:
+        # bitsandbytes paged optimizers keep their states in CUDA managed
+        # memory: counted on the device, not in the allocator's statistics.
+        eight = "8bit" in ol or "8-bit" in ol
+        args = ["--optimizer", "paged-adamw8bit" if eight else "paged-adamw"]
+    elif "8bit" in ol or "8-bit" in ol:
         args = ["--optimizer", "adamw-8bit"]
     elif "sgd" in ol:
         args = ["--optimizer", "sgd"]
@@ -320,9 +341,7 @@ def _optimizer(r, task, flags):
     else:
         raise NotExpressible(f"optimizer '{o}' has no mapping")
     if paged:
-        if task in ("full", "pretrain"):
-            raise NotExpressible("paged optimizer states live in CUDA unified memory outside the caching allocator; gpumem has no paged optimizer")
-        notes.append("paged optimizer modelled as resident (adapter states only, a few MB)")
+        notes.append("paged optimizer: states in CUDA managed memory (device total, not allocator statistics)")
     if "fused=true" in ol.replace(" ", "") or "fused: true" in ol:
         args += ["--optimizer-impl", "fused"]
     return args, notes
@@ -393,7 +412,8 @@ def framework_args(r, flags, by_hf, types):
         _need(flags, "--activation-offload", "checkpointed layer inputs offloaded to the CPU")
         args += ["--recompute", "full", "--activation-offload"]
     elif "op-level" in gcs or "selective_ac_option 'op'" in gcs:
-        raise NotExpressible("torchtitan op-level selective checkpointing (every other matmul output saved) has no gpumem mode")
+        # torchtitan's per-op selective checkpointing (every other matmul output saved)
+        args += ["--recompute", "ops"]
     elif gc is True or gcs in ("full", "true") or gcs.startswith("per block"):
         args += ["--recompute", "full"]
     else:
@@ -402,7 +422,7 @@ def framework_args(r, flags, by_hf, types):
         lo = r.get("lora") or {}
         if lo.get("rank") is None:
             raise NotExpressible("LoRA rank not stated")
-        args += ["--lora-rank", str(lo["rank"]), "--lora-targets", _lora_targets(r, mtype)]
+        args += ["--lora-rank", str(lo["rank"]), "--lora-targets", _lora_targets(r, mtype, approx)]
         if lo.get("dropout") is None:
             raise NotExpressible("LoRA dropout not stated")
         if lo["dropout"] > 0:
@@ -455,6 +475,12 @@ def framework_args(r, flags, by_hf, types):
     if r.get("compile"):
         _need(flags, "--compile", "torch.compile")
         args += ["--compile"]
+        # torchtitan compiled the loss with the blocks except from 2024-12-18
+        # (e8977b0) to 2025-04-02 (bbb1b61): train.py@9dec370ad26b L137-138.
+        if r["framework"] == "torchtitan" and any(c in (r.get("source") or "") for c in TORCHTITAN_LOSS_NOT_COMPILED):
+            _need(flags, "--compile-loss", "torch.compile of the blocks only")
+            args += ["--no-compile-loss"]
+            approx.append("torchtitan at this commit compiled the blocks, not the loss (train.py L137-138 commented out)")
     if r.get("fp8"):
         if "tensorwise" in str(r["fp8"]) and "--fp8-recipe" in flags:
             args += ["--fp8-recipe", "tensorwise"]

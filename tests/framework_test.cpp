@@ -362,3 +362,90 @@ TEST(Frameworks, TorchtuneCompiledFullLossKeepsFp32Logits) {
     };
     EXPECT_EQ((head(tt) - head(hf)).count(), 4 * b * s * V - (2 * b * s * V + 4 * b * s));
 }
+
+// torchtitan compiles the loss with the blocks (compile.components default
+// ["model", "loss"]: torchtitan/config/configs.py@b5bcd76c66d0 L301,
+// components/loss.py L245-252): a compiled full loss keeps the 16-bit logits
+// and an fp32 logsumexp (2bsV + 4bs) instead of the fp32 copy's log_softmax
+// (4bsV); --no-compile-loss is its 2024-12..2025-04 train.py, which compiled
+// the blocks only. --compile-loss without --compile names the fix.
+TEST(Frameworks, TorchtitanCompilesTheLossUnlessTold) {
+    const ModelGraph g = llama_like();
+    const std::int64_t b = 2, s = 128, V = 1000;
+    EstimateRequest with_loss = base(), blocks_only = base();
+    for (EstimateRequest* r : {&with_loss, &blocks_only}) {
+        r->framework = Framework::Torchtitan;
+        r->precision = Precision::AmpBF16;
+        r->cross_entropy = CrossEntropy::Full;
+        r->compile = true;
+    }
+    blocks_only.compile_loss = false;
+    auto head = [&](const EstimateRequest& r) {
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        EXPECT_EQ(e.value().job->req.compile_loss, r.compile_loss.value_or(true));
+        return e.value().activation_detail.blocks.back().total;
+    };
+    EXPECT_EQ((head(blocks_only) - head(with_loss)).count(), 4 * b * s * V - (2 * b * s * V + 4 * b * s));
+
+    EstimateRequest bad = base();
+    bad.compile_loss = true;
+    auto e = estimate(g, bad);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().field, "compile-loss");
+}
+
+// LitGPT's GPT has separate lm_head and wte modules, and its converter copies
+// a tied checkpoint's embedding into lm_head (litgpt/model.py@00af8b0d9b43
+// L25, L28; scripts/convert_hf_checkpoint.py L207): a tied model trains V x h
+// more parameters under LitGPT. Untied models are unchanged.
+TEST(Frameworks, LitgptTrainsTiedOutputLayerAsItsOwnWeight) {
+    test::LlamaShape tied_shape;
+    tied_shape.tied = true;
+    const ModelGraph tied = test::llama_graph(tied_shape), untied = test::llama_graph({});
+    const std::int64_t h = 256, V = 1000;
+    auto params = [](const ModelGraph& g, Framework f, Mode m) {
+        EstimateRequest r = base();
+        r.framework = f;
+        r.mode = m;
+        r.precision = Precision::BF16;
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        return std::make_pair(e.value().params.total, test::breakdown_row(e.value(), "weights"));
+    };
+    for (Mode m : {Mode::Train, Mode::Lora}) {
+        const auto hf = params(tied, Framework::HF, m), lit = params(tied, Framework::LitGPT, m);
+        EXPECT_EQ(lit.first - hf.first, V * h);
+        EXPECT_EQ((lit.second - hf.second).count(), 2 * V * h);  // bf16
+        EXPECT_EQ(params(untied, Framework::LitGPT, m).first, params(untied, Framework::HF, m).first);
+    }
+    EXPECT_EQ(params(tied, Framework::HF, Mode::Train).first, tied.total_params());
+}
+
+// LitGPT's bf16-mixed builds and loads the model in fp32 (litgpt/finetune/
+// lora.py@26857050fe3f L131, L210-211, L236): a LoRA base stays fp32 (4 bytes
+// a parameter, PEFT users load it in bf16: 2) and autocast casts each frozen
+// weight per call; the matmul keeps the bf16 copy when its input requires grad.
+// In layer 0, q/k/v read the normed embedding, which does not: every other
+// linear's copy is kept.
+TEST(Frameworks, LitgptBf16MixedKeepsAnFp32LoraBase) {
+    const ModelGraph g = llama_like();
+    auto run = [&](Framework f) {
+        EstimateRequest r = base();
+        r.framework = f;
+        r.mode = Mode::Lora;
+        r.precision = Precision::AmpBF16;
+        r.lora_targets = {"q_proj", "v_proj"};
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        return std::move(e).value();
+    };
+    const EstimateResult lit = run(Framework::LitGPT), hf = run(Framework::HF);
+    const std::int64_t h = 256, kv = 128, I = 688, V = 1000, L = 3;
+    const std::int64_t layer = h * h + h * kv + h * kv + h * h + 3 * I * h;  // q, k, v, o, gate, up, down
+    const std::int64_t qkv = h * h + 2 * h * kv;
+    const std::int64_t base_params = g.total_params();
+    EXPECT_EQ((test::breakdown_row(lit, "weights") - test::breakdown_row(hf, "weights")).count(), 2 * base_params);
+    EXPECT_EQ(lit.activation_detail.autocast_weight_casts.count(), 2 * (L * layer - qkv + V * h));
+    EXPECT_EQ(hf.activation_detail.autocast_weight_casts.count(), 0);
+}

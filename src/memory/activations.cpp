@@ -323,6 +323,7 @@ namespace {
 struct InstanceResult {
     Bytes saved;
     Bytes weight_casts;
+    Bytes frozen_casts;  // part of weight_casts: frozen weights' per-call casts (not in autocast's cache)
     Bytes lora;
     Bytes largest;
     Bytes routed;     // saved tensors of routed experts
@@ -453,6 +454,13 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
             (op.kind == OpKind::Linear || op.kind == OpKind::Conv2d || op.kind == OpKind::Matmul)) {
             const Bytes b = dtype_bytes(ctx.lowered, weight_elements(blk, op, ctx.tp, ctx.ep));
             r.weight_casts += b;
+            r.saved += b;
+        } else if (autocast && ctx.frozen_weight_casts && has_w && !base_tr && in_rg && ctx.stream == DType::F32 &&
+                   !quantized_op(blk, op, ctx.quant, ctx.quantize_head) && (op.kind == OpKind::Linear || op.kind == OpKind::Matmul)) {
+            // A frozen fp32 weight's per-call 16-bit cast, kept for the input's gradient.
+            const Bytes b = dtype_bytes(ctx.lowered, weight_elements(blk, op, ctx.tp, ctx.ep));
+            r.weight_casts += b;
+            r.frozen_casts += b;
             r.saved += b;
         }
         // A frozen quantized linear whose input requires grad: bitsandbytes keeps
@@ -600,7 +608,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             ba.recompute_trailing = rest.saved * ((repeat - 1) % every);
             ba.weight_casts = rest.weight_casts * (repeat - n_ck);
             res.autocast_weight_casts += ba.weight_casts;
-            ba.unsaved_casts = rest.weight_casts * n_ck;
+            ba.unsaved_casts = (rest.weight_casts - rest.frozen_casts) * n_ck;
             res.autocast_cache_unsaved += ba.unsaved_casts;
             ba.lora = rest.lora * (repeat - n_ck);
             res.lora_adapters += ba.lora;
@@ -620,7 +628,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             ba.recompute_transient = rest.saved + rest.largest + fetched;
             ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
-            ba.unsaved_casts = first.weight_casts + rest.weight_casts * more;
+            ba.unsaved_casts = first.weight_casts - first.frozen_casts + (rest.weight_casts - rest.frozen_casts) * more;
             res.autocast_cache_unsaved += ba.unsaved_casts;
             prev_saves_output = false;
         } else {

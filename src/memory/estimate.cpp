@@ -66,7 +66,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         out.model_name = g.name;
         out.model_source = g.source;
         out.family = g.family;
-        out.params = summarize_params(g);
+        out.params = summarize_params(job_graph(g, job));
         const bool train = job.train;
         ActivationResult act;
         if (g.params_only == 0) act = saved_activations(job_graph(g, job), job.actx);

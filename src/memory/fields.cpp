@@ -199,6 +199,7 @@ std::vector<Field> build_table() {
         row("logits", FT::Enum, "framework", kJob, AT(job.logits), "whether the loop still holds the logits during backward").computed("the framework's").modes(kTrainModes),
         row("kernels", FT::Enum, "framework", kJob, AT(job.kernels), "modeling code: Hugging Face eager modules, fused kernels (RMSNorm, SwiGLU, RoPE) or Transformer Engine layers").computed("the framework's"),
         row("compile", FT::Bool, "framework", kJob, AT(job.compile), "torch.compile (Inductor fuses pointwise ops and the loss: saves like fused kernels)").modes(kTrainModes),
+        row("compile-loss", FT::Bool, "framework", kJob, AT(job.compile_loss), "with --compile: the loss is compiled too (one kernel that keeps the logits and a logsumexp, no fp32 log_softmax); torchtitan before 2025-04 compiled the blocks only").computed("the framework's (all but LitGPT)").modes(kTrainModes),
         row("fp8-recipe", FT::Enum, "framework", kJob, AT(job.fp8_recipe), "FP8 / FP4 training recipe: Transformer Engine delayed, current, mxfp8, nvfp4 (quantized saved inputs, cached weight copies) or torchao tensorwise, rowwise (16-bit saves); memory and time, implies --fp8").modes(kTrainModes),
         row("cuda-graphs", FT::Enum, "framework", kJob, AT(job.cuda_graphs), "CUDA graphs in training: compile = torch.compile(mode=\"reduce-overhead\") (implies --compile), megatron = Megatron-Core per-layer graphs (--cuda-graph-impl local); the graph pool's memory serves no eager allocation").modes(kTrainModes),
         // ---- layout

@@ -58,6 +58,12 @@ std::array<P, 10> build_profiles() {
         p.default_precision = Precision::AmpBF16;
         p.lora_dropout = 0.05;
         p.compile_loss = false;
+        p.untied_head = true;
+        p.amp_lora_base_fp32 = true;
+        rule(p, "bf16-mixed (the default training precision) builds and loads the model in fp32 (fabric.init_module under MixedPrecision), so a LoRA base stays fp32 and autocast casts each frozen weight per call",
+             "Lightning-AI/litgpt litgpt/finetune/lora.py@26857050fe3f L131, L210-211, L236");
+        rule(p, "GPT has separate lm_head and wte modules; for models whose checkpoint ties them the converter copies the embedding into lm_head, so both are trained",
+             "Lightning-AI/litgpt litgpt/model.py@00af8b0d9b43 L25, L28; litgpt/scripts/convert_hf_checkpoint.py@00af8b0d9b43 L207 (copy_weights_hf_llama), L282");
         p.single_kernel_gelu = true;
         p.fused_qkv_lora = true;
         rule(p, "`logits = model(input_ids)` stays bound through fabric.backward", "Lightning-AI/litgpt litgpt/finetune/full.py@26857050fe3f L282-285");
@@ -110,10 +116,11 @@ std::array<P, 10> build_profiles() {
         p.policy = PrecisionPolicy::OwnCopies;
         p.default_precision = Precision::AmpBF16;
         p.recompute = Recompute::Ops;
-        p.compile_loss = false;
         rule(p, "output layer and cross-entropy in 8 chunks, each backpropagated at once into an fp32 [T, D] gradient", "pytorch/torchtitan torchtitan/components/loss.py@b5bcd76c66d0 L501-560, L676-700");
         rule(p, "FSDP2 MixedPrecisionPolicy: fp32 sharded parameters, bf16 compute copies, fp32 reduce", "pytorch/torchtitan torchtitan/config/configs.py@b5bcd76c66d0 L94-106; torchtitan/distributed/fsdp.py@b5bcd76c66d0 L223-227");
         rule(p, "default activation checkpointing: per-op selective on every block (every other matmul recomputed)", "pytorch/torchtitan torchtitan/trainer.py@b5bcd76c66d0 L108-110; torchtitan/distributed/activation_checkpoint.py@b5bcd76c66d0 L185-287");
+        rule(p, "--compile compiles each block and the loss (compile.components default [\"model\", \"loss\"]); from 2024-12-18 (e8977b0) to 2025-04-02 (bbb1b61) the loss was not compiled: --no-compile-loss",
+             "pytorch/torchtitan torchtitan/config/configs.py@b5bcd76c66d0 L301; torchtitan/components/loss.py@b5bcd76c66d0 L245-252, L282-284; train.py@9dec370ad26b L137-138");
     }
     {
         P& p = t[static_cast<std::size_t>(Framework::DeepSpeed)];
@@ -203,6 +210,10 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
              "(torch.compile(mode=\"reduce-overhead\") is --cuda-graphs compile)");
     req.cuda_graphs = ch.cuda_graphs;
     ch.compile = req.compile.value_or(p.compile);
+    if (req.compile_loss && *req.compile_loss && !ch.compile)
+        fail(ErrorCode::InvalidArgument, "compile-loss", "--compile-loss says what --compile covers: add --compile, or drop --compile-loss");
+    ch.compile_loss = ch.compile && req.compile_loss.value_or(p.compile_loss);
+    req.compile_loss = ch.compile_loss;
     if (!req.recompute) req.recompute = train ? p.recompute : Recompute::None;
     // The profile's offloading goes with its checkpointing (Unsloth offloads
     // the checkpointed layers' inputs); without checkpointing it is off.
@@ -255,7 +266,7 @@ FrameworkChoice resolve_framework(EstimateRequest& req, bool train, bool has_tra
         // compiled model) is one Inductor kernel: the upcast, log_softmax and
         // nll fuse, and the backward recomputes the softmax from the logits
         // and a per-row logsumexp instead of keeping an fp32 log_softmax.
-        if (ch.compile && p.compile_loss && (rw.loss == LossKernel::Full || rw.loss == LossKernel::Chunked)) {
+        if (ch.compile && ch.compile_loss && (rw.loss == LossKernel::Full || rw.loss == LossKernel::Chunked)) {
             // A model that upcasts whole logits itself hands the compiled loss
             // fp32 logits (kept, as Megatron's fp32 softmax is: LossKernel::Fused
             // with the upcast).

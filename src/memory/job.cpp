@@ -137,9 +137,18 @@ Bytes quantized_bytes(Quant q, const Param& p, DType fallback, bool double_quant
     return Bytes(checked_mul(b, p.count));
 }
 
-Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
+Result<Job> resolve_job(const ModelGraph& g_in, const EstimateRequest& req_in) {
     return capture([&]() -> Job {
         Job job;
+        // A framework that trains a tied output layer as its own weight
+        // (LitGPT, memory/framework.hpp untied_head) runs another graph.
+        std::shared_ptr<const ModelGraph> untied;
+        if (framework_profile(req_in.framework.value_or(Framework::HF)).untied_head && has_tied_output_head(g_in)) {
+            untied = std::make_shared<const ModelGraph>(untie_output_head(g_in));
+            job.assumptions.push_back(std::string(framework_profile(*req_in.framework).title) +
+                                      " trains the tied output layer as a weight of its own (a second [vocab, hidden] tensor beside the embedding)");
+        }
+        const ModelGraph& g = untied ? *untied : g_in;
         EstimateRequest req = req_in;
         const bool train = req.mode != Mode::Infer;
         const bool lora = req.mode == Mode::Lora || req.mode == Mode::QLora;
@@ -240,7 +249,10 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         // parameters), 16-bit for pure fp16/bf16; LoRA/QLoRA bases are loaded
         // in 16 bits (or quantized) and frozen; inference uses the precision.
         DType wdt = stream;
-        if (lora && prec != Precision::FP32) wdt = half;
+        // LitGPT's bf16-mixed builds and loads the model in fp32 (memory/framework.hpp
+        // amp_lora_base_fp32): the frozen base stays fp32 under autocast.
+        const bool lora_fp32_base = lora && amp && framework_profile(fw.framework).amp_lora_base_fp32;
+        if (lora && prec != Precision::FP32 && !lora_fp32_base) wdt = half;
         const Quant quant = *req.quant;
         // PEFT prepare_model_for_kbit_training (request.hpp kbit_upcast): the
         // parameters left unquantized are fp32; the quantized layers return
@@ -381,7 +393,8 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         actx.batch = req.batch;
         actx.seq = seq;
         actx.stream = (lora && prec != Precision::FP32) ? (amp ? DType::F32 : half) : stream;
-        if (lora && amp) actx.stream = half;  // 16-bit base: the residual stream is 16-bit
+        if (lora && amp && !lora_fp32_base) actx.stream = half;  // 16-bit base: the residual stream is 16-bit
+        actx.frozen_weight_casts = lora_fp32_base;
         if (kbit_upcast) actx.stream = DType::F32;
         actx.lowered = lowered;
         actx.autocast = amp;
@@ -461,6 +474,7 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req_in) {
         }
         req.optimizer_impl = job.opt_impl;
         if (fw.rewrite.any()) job.graph = std::make_shared<const ModelGraph>(rewrite_graph(g, fw.rewrite));
+        else job.graph = untied;
         if (ds_bf16) job.assumptions.push_back("DeepSpeed bf16: bf16 parameters and gradients, fp32 master weights and optimizer states");
         job.assumptions.insert(job.assumptions.end(), fw.assumptions.begin(), fw.assumptions.end());
         job.framework = std::move(fw);

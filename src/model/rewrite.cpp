@@ -352,4 +352,31 @@ ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw) {
     return out;
 }
 
+bool has_tied_output_head(const ModelGraph& g) {
+    for (const Block& b : g.blocks)
+        for (const Op& op : b.ops)
+            if (op.kind == OpKind::Linear && is_output_head(op) && op.params.empty() && op.in_features > 0) return true;
+    return false;
+}
+
+ModelGraph untie_output_head(const ModelGraph& g) {
+    ModelGraph out = g;
+    for (Block& b : out.blocks)
+        for (Op& op : b.ops) {
+            if (op.kind != OpKind::Linear || !is_output_head(op) || !op.params.empty() || op.in_features <= 0) continue;
+            Param p;
+            p.name = op.name + ".weight";
+            p.shape = {op.out_features, op.in_features};
+            p.component = Component::Head;
+            p.linear_weight = true;
+            p.output_head = true;
+            const auto dot = op.name.rfind('.');
+            p.module = dot == std::string::npos ? op.name : op.name.substr(dot + 1);
+            b.params.push_back(std::move(p));
+            op.params.push_back(static_cast<std::int32_t>(b.params.size() - 1));
+        }
+    out.notes.push_back("output layer untied: its own [vocab, hidden] weight besides the embedding");
+    return out;
+}
+
 }  // namespace gpumem

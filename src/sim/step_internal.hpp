@@ -84,6 +84,7 @@ struct BlockPlan {
     std::vector<std::int32_t> label;  // per tensor
     std::vector<char> has_weight;     // per op
     std::vector<Bytes> weight_cast;   // per op: autocast 16-bit copy of its weights
+    std::vector<char> weight_cast_uncached;  // per op: a frozen weight's per-call cast (not in autocast's cache)
     std::vector<Bytes> dequant;       // per op: 4-bit weight dequantized for the matmul
     std::vector<Bytes> tied_grad;     // per op reading a weight owned elsewhere: its gradient on this rank
     std::vector<std::vector<Bytes>> param_grads;  // per op: one entry per trainable param tensor

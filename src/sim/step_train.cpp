@@ -59,6 +59,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
 
     p.has_weight.assign(nops, 0);
     p.weight_cast.assign(nops, Bytes(0));
+    p.weight_cast_uncached.assign(nops, 0);
     p.dequant.assign(nops, Bytes(0));
     p.tied_grad.assign(nops, Bytes(0));
     p.param_grads.assign(nops, {});
@@ -115,6 +116,13 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
         if (!inference && quantized_saves_input(c) && quantized_op(b, op, c.quant, c.quantize_head)) p.quant_saves[o] = 1;
         if (!inference && c.autocast && c.weight_cache && !job.lora && job.wdt == DType::F32 && is_matmul(op.kind) && p.has_weight[o])
             p.weight_cast[o] = dtype_bytes(c.lowered, elems);
+        // Frozen fp32 base weights under autocast (ActivationContext::frozen_weight_casts):
+        // cast per call, not cached, kept only for the input's gradient.
+        if (!inference && c.autocast && c.frozen_weight_casts && job.wdt == DType::F32 && p.has_weight[o] &&
+            (op.kind == OpKind::Linear || op.kind == OpKind::Matmul) && !quantized_op(b, op, c.quant, c.quantize_head)) {
+            p.weight_cast[o] = dtype_bytes(c.lowered, elems);
+            p.weight_cast_uncached[o] = 1;
+        }
         if (job.lora && !inference && lora_applies(op, c.lora_targets)) {
             p.lora[o] = 1;
             const auto x = static_cast<std::size_t>(op.inputs.front());
@@ -343,6 +351,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
         if (grad_mode && p.weight_cast[o] > Bytes(0)) {
             const auto w = em_.alloc(p.weight_cast[o], em_.label(b.name + "." + op.name + " (autocast weight copy)"));
             if (keep_saves && any_in_rg) in.saves[o].push_back(w);
+            else if (p.weight_cast_uncached[o]) em_.unref(w);
             else dropped_casts_.push_back(w);
         }
         const bool record = any_grad && keep_saves && !(selective && (op.flags & kAttnCore));

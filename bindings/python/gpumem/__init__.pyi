@@ -89,6 +89,7 @@ class EstimateDictRequest(TypedDict, total=False):
     batch: int
     capacity_factor: float
     compile: bool
+    compile_loss: bool
     cp: int
     cross_entropy: str
     cuda_graphs: str
@@ -590,6 +591,7 @@ class DoctorDictBaselineRequest(TypedDict, total=False):
     batch: int
     capacity_factor: float
     compile: bool
+    compile_loss: bool
     cp: int
     cross_entropy: str
     cuda_graphs: str
@@ -684,6 +686,7 @@ class DoctorDictRemediesItemPredictionRequest(TypedDict, total=False):
     batch: int
     capacity_factor: float
     compile: bool
+    compile_loss: bool
     cp: int
     cross_entropy: str
     cuda_graphs: str
@@ -850,6 +853,7 @@ def estimate(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
+    compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
@@ -932,6 +936,7 @@ def simulate(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
+    compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
@@ -1019,6 +1024,7 @@ def fit(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
+    compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
@@ -1087,6 +1093,7 @@ def advise(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
+    compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
@@ -1168,6 +1175,7 @@ def sweep(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
+    compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
@@ -1238,6 +1246,7 @@ def plan(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
+    compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,
@@ -1334,6 +1343,7 @@ def doctor(
     logits: Optional[Literal['freed', 'kept']] = ...,
     kernels: Optional[Literal['eager', 'fused', 'te']] = ...,
     compile: Optional[bool] = ...,
+    compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
     gpus: Optional[int] = ...,

@@ -38,6 +38,11 @@ struct ActivationContext {
     // backward (false: the framework's own 16-bit copies, not kept; FSDP2,
     // Megatron, DeepSpeed: memory/framework.hpp).
     bool weight_cache = true;
+    // Autocast over frozen fp32 base weights (LitGPT bf16-mixed LoRA): each
+    // frozen linear casts its weight per call (autocast caches only leaves that
+    // require grad) and the matmul keeps the 16-bit copy for the input's
+    // gradient when the input requires grad.
+    bool frozen_weight_casts = false;
     // Checkpointing (Full / Ops) wraps every N-th checkpointable layer
     // instance of a run (0, N, 2N, ...: torchtitan's ac_freq); the inputs of
     // checkpointed layers go to CPU memory and come back for the recompute

@@ -54,8 +54,9 @@ struct FrameworkProfile {
     Recompute recompute = Recompute::None;  // the framework's default checkpointing
     bool compile = false;
     // Whether --compile covers the loss: torchtune compiles it (compile_loss),
-    // nanoGPT and the HF Trainer compile the whole model with its loss;
-    // torchtitan compiles each transformer block, LitGPT the model only.
+    // nanoGPT and the HF Trainer compile the whole model with its loss,
+    // torchtitan compiles each transformer block and (since 2025-04) the loss;
+    // LitGPT compiles the model only.
     bool compile_loss = true;
     // The model itself upcasts whole logits to fp32 before the loss (torchtune's
     // TransformerDecoder without chunked output): a compiled loss then reads,
@@ -65,6 +66,13 @@ struct FrameworkProfile {
     // Its own modeling code runs tanh-GELU as one kernel (LitGPT's
     // GptNeoxMLP: F.gelu(approximate="tanh")), not HF's composite NewGELUActivation.
     bool single_kernel_gelu = false;
+    // The output layer is a module of its own even where the checkpoint ties
+    // it to the embedding (LitGPT: the converter copies wte into lm_head).
+    bool untied_head = false;
+    // Its mixed precision builds and loads the model in fp32 (Fabric's
+    // MixedPrecision plugin): a LoRA base stays fp32 under autocast, where
+    // PEFT users load it in 16 bits.
+    bool amp_lora_base_fp32 = false;
     // LoRA on a fused QKV module with one dropout of its input (LitGPT's LoRAQKVLinear).
     bool fused_qkv_lora = false;
     // Calls PEFT's prepare_model_for_kbit_training for quantized LoRA
@@ -84,6 +92,7 @@ struct FrameworkChoice {
     Kernels kernels = Kernels::Eager;
     PrecisionPolicy policy = PrecisionPolicy::Autocast;
     bool compile = false;
+    bool compile_loss = false;       // --compile covers the loss too
     bool activation_offload = false;
     Fp8Recipe fp8 = Fp8Recipe::None;
     CudaGraphs cuda_graphs = CudaGraphs::None;  // training only

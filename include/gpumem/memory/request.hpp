@@ -153,6 +153,7 @@ struct EstimateRequest {
     std::optional<Kernels> kernels;
     std::optional<std::int64_t> recompute_every;  // checkpoint every N-th layer (torchtitan ac_freq, HF: 1)
     std::optional<bool> compile;               // torch.compile of the model (Inductor); default the framework's
+    std::optional<bool> compile_loss;          // whether --compile covers the loss too; default the framework's
     std::optional<bool> activation_offload;    // saved activations offloaded to CPU (torchtune, Unsloth); default the framework's
     Fp8Recipe fp8_recipe = Fp8Recipe::None;    // FP8 linears: memory and time (implies --fp8 for time)
     CudaGraphs cuda_graphs = CudaGraphs::None; // CUDA graphs in training: a private pool the eager allocations cannot use

@@ -73,6 +73,15 @@ struct GraphRewrite {
 // A copy of `g` as the given kernels run it (g itself when nothing applies).
 ModelGraph rewrite_graph(const ModelGraph& g, const GraphRewrite& rw);
 
+// Whether g's output projection shares the input embedding's weight (a
+// Linear output head without a parameter of its own).
+bool has_tied_output_head(const ModelGraph& g);
+// A copy of g whose tied output projections own a weight of their shape
+// [vocab, hidden] (LitGPT's GPT: lm_head and wte are separate modules and
+// its checkpoint converter copies the embedding into lm_head for models that
+// tie them, so training updates two tensors).
+ModelGraph untie_output_head(const ModelGraph& g);
+
 // The tensors a per-chunk loss backward makes gradients for, between the
 // output head `head` and the loss op `loss` of block `b`: the logits (the
 // head's output), log_softmax's output and the fp32 copy of a chunk the loss
