@@ -670,10 +670,23 @@ def main():
     ap.add_argument("--gpumem", default=os.path.join(ROOT, "build/gpumem"))
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the framework rows' results as JSON and exit")
+    ap.add_argument("--check-aims", action="store_true",
+                    help="exit 1 unless the framework measurements meet issue 12's aims: median <= 5%% and p90 <= 10%% "
+                         "where the settings are fully known, and no row beyond 20%% without a named cause")
     ap.add_argument("--section", choices=["all", "classic", "frameworks"], default="all",
                     help="classic: only the original table (what the README's accuracy block holds); frameworks: only the "
                          "framework-measurement section")
     a = ap.parse_args()
+    if a.check_aims:
+        rs = framework_rows(a.gpumem)
+        summ = framework_summary(rs)
+        known, overall = summ["settings fully known (completeness high)"], summ["overall"]
+        bad = [r["id"] for r in rs if r["error_pct"] is not None and abs(r["error_pct"]) > 20 and not r["error_cause"]]
+        ok = (known["n"] > 0 and known["median_abs_error_pct"] <= 5 and known["p90_abs_error_pct"] <= 10 and not bad)
+        print(f"settings fully known: n {known['n']}, median {known['median_abs_error_pct']:.1f}%, p90 {known['p90_abs_error_pct']:.1f}%; "
+              f"overall: n {overall['n']}, median {overall['median_abs_error_pct']:.1f}%, p90 {overall['p90_abs_error_pct']:.1f}%; "
+              f"beyond 20% without a named cause: {', '.join(bad) or 'none'}")
+        sys.exit(0 if ok else 1)
     if a.json:
         rs = framework_rows(a.gpumem)
         json.dump({"rows": rs, "summary": framework_summary(rs)}, sys.stdout, indent=1)

@@ -275,13 +275,15 @@ TEST(Frameworks, ChunkedHeadWeightGradientSumAndOneContribution) {
 // LitGPT's own modeling code runs tanh-GELU as one kernel
 // (F.gelu(approximate="tanh") in GptNeoxMLP, litgpt/model.py L812-816) saving
 // its input; HF's NewGELUActivation also keeps tanh(.), 0.5x and 1 + tanh(.):
-// three [b, s, I] bf16 tensors more per layer.
+// three [b, s, I] bf16 tensors more per layer. LitGPT's fused qkv output is
+// kept whole by the saved v (as many kv heads as heads: no copy), its q and k
+// parts two [b, s, h] bf16 tensors more (litgpt/model.py L479, L538-539).
 TEST(Frameworks, LitgptRunsTanhGeluAsOneKernel) {
     nlohmann::json c = {{"model_type", "phi"},     {"hidden_size", 256},   {"num_attention_heads", 4}, {"num_hidden_layers", 2},
                         {"intermediate_size", 1024}, {"vocab_size", 1000}, {"hidden_act", "gelu_new"}, {"partial_rotary_factor", 0.4}};
     auto g = load_hf_config_json(c, "test");
     ASSERT_TRUE(g.ok()) << g.error().message;
-    const std::int64_t b = 2, s = 128, I = 1024;
+    const std::int64_t b = 2, s = 128, I = 1024, h = 256;
     EstimateRequest hf = base(), lit = base();
     lit.framework = Framework::LitGPT;
     auto layer = [&](const EstimateRequest& r) {
@@ -291,7 +293,7 @@ TEST(Frameworks, LitgptRunsTanhGeluAsOneKernel) {
             if (blk.block == "layers") return blk.per_instance;
         return Bytes(0);
     };
-    EXPECT_EQ((layer(hf) - layer(lit)).count(), 3 * 2 * b * s * I);
+    EXPECT_EQ((layer(hf) - layer(lit)).count(), 3 * 2 * b * s * I - 2 * 2 * b * s * h);
 }
 
 // Axolotl's quantized LoRA runs PEFT's prepare_model_for_kbit_training
@@ -448,4 +450,29 @@ TEST(Frameworks, LitgptBf16MixedKeepsAnFp32LoraBase) {
     EXPECT_EQ((test::breakdown_row(lit, "weights") - test::breakdown_row(hf, "weights")).count(), 2 * base_params);
     EXPECT_EQ(lit.activation_detail.autocast_weight_casts.count(), 2 * (L * layer - qkv + V * h));
     EXPECT_EQ(hf.activation_detail.autocast_weight_casts.count(), 0);
+}
+
+// LitGPT's LoRAQKVLinear with q and v adapted (not k): zero_pad scatters B's
+// [b, s, q + v] output into zeros with index_copy_, whose backward keeps its
+// source (litgpt/lora.py@26857050fe3f L321-326; derivatives.yaml index_copy:
+// `source: grad.index_select(dim, index).expand_as(source)`): per layer
+// 2 x b x s x (h + kv) bytes more than with q, k and v all adapted, beyond the
+// k adapter's own lora_A output (b x s x r, bf16).
+TEST(Frameworks, LitgptPartialQkvLoraKeepsTheZeroPadSource) {
+    const ModelGraph g = llama_like();
+    const std::int64_t b = 2, s = 128, h = 256, kv = 128, r = 8;
+    auto layer = [&](std::vector<std::string> targets) {
+        EstimateRequest q = base();
+        q.framework = Framework::LitGPT;
+        q.mode = Mode::Lora;
+        q.lora_rank = r;
+        q.lora_targets = std::move(targets);
+        auto e = estimate(g, q);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        for (const auto& blk : e.value().activation_detail.blocks)
+            if (blk.block == "layers") return blk.per_instance;
+        return Bytes(0);
+    };
+    const Bytes qv = layer({"q_proj", "v_proj"}), qkv = layer({"q_proj", "k_proj", "v_proj"});
+    EXPECT_EQ((qv - qkv).count(), 2 * b * s * (h + kv) - 2 * b * s * r);
 }

@@ -115,6 +115,27 @@ std::int64_t shared_adapter_input(const Block& b, std::size_t o, const Activatio
     return -1;
 }
 
+bool qkv_lora_zero_pad(const Block& b, std::size_t o, const ActivationContext& ctx) {
+    if (!ctx.fused_qkv_lora || o >= b.ops.size()) return false;
+    const auto part = [](const Op& op) {
+        return op.kind == OpKind::Linear && !op.inputs.empty() &&
+               (op.name.ends_with("q_proj") || op.name.ends_with("k_proj") || op.name.ends_with("v_proj"));
+    };
+    const Op& op = b.ops[o];
+    if (!part(op) || !lora_applies(op, ctx.lora_targets)) return false;
+    for (const Op& other : b.ops)
+        if (part(other) && other.inputs.front() == op.inputs.front() && !lora_applies(other, ctx.lora_targets)) return true;
+    return false;
+}
+
+bool qkv_view_keeps_fused(const Block& b, const AttentionSite& a, const ActivationContext& ctx) {
+    if (!ctx.fused_qkv_views || a.v < 0) return false;
+    for (const Op& op : b.ops)
+        for (auto t : op.outputs)
+            if (t == a.v) return op.kind == OpKind::Linear && op.name.ends_with("v_proj");
+    return false;
+}
+
 AdapterInput adapter_input(const Block& b, const Op& op, TensorId x, DType x_dtype, bool split, const ActivationContext& ctx) {
     AdapterInput a;
     const TensorInfo& t = b.tensors[static_cast<std::size_t>(x)];
@@ -489,6 +510,11 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
             const Bytes b = dtype_bytes(ctx.lowered, checked_mul(elems, ctx.lora_rank));
             r.saved += b;
             r.lora += b;
+            if (qkv_lora_zero_pad(blk, oi, ctx)) {
+                const Bytes zp = dtype_bytes(ctx.lowered, checked_mul(elems, op.out_features));
+                r.saved += zp;
+                r.lora += zp;
+            }
             // The adapter's moment (as the simulator runs PEFT's lora.Linear):
             // the base output, the dtype conversion of x and the larger of
             // dropout's output and lora_B's [rows, out] output at once.
@@ -504,6 +530,7 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
                 save_cast(a.q, nullptr);
                 save_cast(a.k, nullptr);
                 save_cast(a.v, nullptr);
+                if (qkv_view_keeps_fused(blk, a, ctx)) r.saved += bytes[static_cast<std::size_t>(storage[static_cast<std::size_t>(a.v)])] * 2;
                 mark(a.out, nullptr);
                 // The fp32 logsumexp [b, heads, s]; heads are split over tp.
                 r.saved += dtype_bytes(DType::F32, (checked_mul(checked_mul(ctx.batch, a.heads), query_len(blk.tensors[static_cast<std::size_t>(a.q)], ctx)) + ctx.tp - 1) /

@@ -60,6 +60,12 @@ std::array<P, 10> build_profiles() {
         p.compile_loss = false;
         p.untied_head = true;
         p.amp_lora_base_fp32 = true;
+        p.fused_qkv_views = true;
+        rule(p, "one fused qkv Linear; q, k, v are views of its output (split, view, transpose) and only grouped-query k, v are copied (repeat_interleave): "
+                "with as many key/value heads as query heads, the v SDPA saves keeps the whole fused output",
+             "Lightning-AI/litgpt litgpt/model.py@26857050fe3f L430-539 (L479 qkv.split, L538-539 repeat_interleave)");
+        rule(p, "LoRAQKVLinear with part of q, k, v adapted: zero_pad scatters B's output with index_copy_, whose backward keeps that output",
+             "Lightning-AI/litgpt litgpt/lora.py@26857050fe3f L321-326; pytorch/pytorch tools/autograd/derivatives.yaml index_copy (source: grad.index_select(dim, index).expand_as(source))");
         rule(p, "bf16-mixed (the default training precision) builds and loads the model in fp32 (fabric.init_module under MixedPrecision), so a LoRA base stays fp32 and autocast casts each frozen weight per call",
              "Lightning-AI/litgpt litgpt/finetune/lora.py@26857050fe3f L131, L210-211, L236");
         rule(p, "GPT has separate lm_head and wte modules; for models whose checkpoint ties them the converter copies the embedding into lm_head, so both are trained",

@@ -399,6 +399,7 @@ Result<Job> resolve_job(const ModelGraph& g_in, const EstimateRequest& req_in) {
         actx.lowered = lowered;
         actx.autocast = amp;
         actx.weight_cache = fw.policy == PrecisionPolicy::Autocast;
+        actx.fused_qkv_views = framework_profile(fw.framework).fused_qkv_views;
         if (fw.policy == PrecisionPolicy::OwnCopies && amp && !lora) {
             // FSDP2 MixedPrecisionPolicy: fp32 parameters, but the forward runs on
             // bf16 copies and bf16 inputs; no autocast, the stream is 16-bit.

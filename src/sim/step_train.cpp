@@ -258,6 +258,11 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
                         keep(o, in.gid[st]);
                 }
                 keep(o, in.gid[ost]);
+                // LitGPT: the saved v is a view of the fused QKV output (its q and k parts too).
+                if (qkv_view_keeps_fused(b, s, c)) {
+                    const auto vst = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(s.v)]);
+                    in.saves[o].push_back(em_.alloc(p.bytes[vst] * 2, em_.label(b.name + ".attention.fused_qkv (q, k parts kept by v)")));
+                }
                 // fp32 logsumexp [b, heads, s], heads split over tp.
                 // (the queries' length: the decoder's for a decoder's attention, query_len)
                 const bool dec_q = b.tensors[static_cast<std::size_t>(s.q)].axis != SeqAxis::Main && c.decoder_seq > 0;
@@ -425,7 +430,14 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
             if (keep_saves) in.saves[o].push_back(a);
             else em_.unref(a);
             em_.unref(dropped);  // dropout's output: a temporary of the expression
-            em_.transient(p.lora_b[o], em_.label(b.name + "." + op.name + ".lora_B"));
+            if (qkv_lora_zero_pad(b, o, c)) {
+                // LoRAQKVLinear.zero_pad: index_copy_ keeps B's output (its source).
+                const auto zb = em_.alloc(p.lora_b[o], em_.label(b.name + "." + op.name + ".lora_B (index_copy_ source)"));
+                if (keep_saves) in.saves[o].push_back(zb);
+                else em_.unref(zb);
+            } else {
+                em_.transient(p.lora_b[o], em_.label(b.name + "." + op.name + ".lora_B"));
+            }
             em_.unref(cv);
         }
         if (op.kind == OpKind::Loss && grad_mode) {

@@ -58,6 +58,11 @@ struct ActivationContext {
     // LitGPT's LoRAQKVLinear: the q, k and v adapters are one module over the
     // fused QKV projection, with one dropout of its input (shared_adapter_input).
     bool fused_qkv_lora = false;
+    // LitGPT's own attention: q, k and v are views of one fused QKV output
+    // (qkv.split(...).view(...).transpose(1, 2)); with as many key/value heads
+    // as query heads nothing copies v, so the attention keeps the whole output
+    // through its saved v (qkv_view_keeps_fused).
+    bool fused_qkv_views = false;
     DType adapter = DType::F32;             // dtype of the adapters' weights
     // Weight quantization of the frozen base (bitsandbytes / GPTQ): which
     // linears hold quantized weights, and whether their matmuls keep the input
@@ -167,6 +172,17 @@ bool lora_applies(const Op& op, const std::vector<std::string>& targets);
 // shares, both reading the same input (litgpt/lora.py@26857050fe3f
 // L381-414: one `self.lora_dropout(x)` for every enabled q, k, v); -1 if none.
 std::int64_t shared_adapter_input(const Block& b, std::size_t o, const ActivationContext& ctx);
+// With ctx.fused_qkv_lora: op `o` is a q/k/v adapter of a fused projection
+// with only part of q, k, v adapted, so LoRAQKVLinear.zero_pad scatters B's
+// output into zeros with index_copy_, whose backward keeps its source, the
+// [rows, out] B output (litgpt/lora.py@26857050fe3f L321-326; derivatives.yaml
+// index_copy: `source: grad.index_select(dim, index).expand_as(source)`).
+bool qkv_lora_zero_pad(const Block& b, std::size_t o, const ActivationContext& ctx);
+// With ctx.fused_qkv_views: attention site `a` reads a v made by its own
+// projection (no repeat_kv copy: as many key/value heads as query heads), which
+// LitGPT slices from the fused QKV output; the saved v keeps the q and k parts
+// too, 2 x v's bytes more (litgpt/model.py@26857050fe3f L479, L538-539).
+bool qkv_view_keeps_fused(const Block& b, const AttentionSite& a, const ActivationContext& ctx);
 
 // Sequence lengths a tensor's extent is evaluated at on one rank: its query
 // (token) length and its key length (c2 = query x key; cp: every rank's keys).

@@ -73,6 +73,9 @@ struct FrameworkProfile {
     // MixedPrecision plugin): a LoRA base stays fp32 under autocast, where
     // PEFT users load it in 16 bits.
     bool amp_lora_base_fp32 = false;
+    // Its attention slices q, k and v from one fused QKV output as views: with
+    // as many key/value heads as query heads the saved v keeps all of it.
+    bool fused_qkv_views = false;
     // LoRA on a fused QKV module with one dropout of its input (LitGPT's LoRAQKVLinear).
     bool fused_qkv_lora = false;
     // Calls PEFT's prepare_model_for_kbit_training for quantized LoRA
