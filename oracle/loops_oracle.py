@@ -289,6 +289,27 @@ def alloc_ptrs(prof, events):
     return [p for _, _, _, p in out]
 
 
+def inplace_grad_sum_events(events):
+    """`events` as torch >= 2.0 makes them: autograd's InputBuffer adds a further gradient into the first in
+    place (torch/csrc/autograd/input_buffer.cpp InputBuffer::accumulate: can_accumulate_inplace -> add_), where
+    torch 1.13 allocates the sum (`old_var + var`) and then frees the old buffer.  Such a sum is an aten::add
+    directly under a node's evaluate_function; it and the next free of its size in that node are dropped."""
+    out, pending = [], []
+    for e in events:
+        path = e["path"].split(" / ") if e["path"] else []
+        node = path[0] if path else ""
+        if (e["delta"] > 0 and len(path) == 2 and node.startswith("autograd::engine::evaluate_function:")
+                and path[1] == "aten::add"):
+            pending.append((e["delta"], node))
+            continue
+        if e["delta"] < 0 and (-e["delta"], node) in pending:
+            pending.remove((-e["delta"], node))
+            continue
+        out.append(e)
+    assert not pending, pending
+    return out
+
+
 def op_label(e):
     path = e["path"].split(" / ") if e["path"] else []
     if not path:
@@ -594,6 +615,10 @@ def measure(loop_name, fam, cfg, b, s):
         assert summ["after_zero_grad"] == baseline + state_total + held["zero_grad"], (loop_name, step, held)
         assert summ["after_release"] == baseline + state_total + held["release"], (loop_name, step, held)
         summ["held_bytes"] = held  # {phase: bytes bound to the loop's names at the end of the phase}
+        # the same step with torch >= 2.0's in-place gradient sums (inplace_grad_sum_events)
+        modern = S.summarize(inplace_grad_sum_events(ev), start)
+        assert modern["after_release"] == summ["after_release"]
+        summ["inplace_grad_sum"] = {k: modern[k] for k in ("peak_bytes", "peak_phase", "peak_op_path", "phase_peaks")}
         steps.append(summ)
         start = summ["after_release"]
     assert steps[1]["after_release"] == steps[0]["after_release"], loop_name  # steady state

@@ -187,9 +187,10 @@ void rewrite_loss(Block& b, const GraphRewrite& rw) {
                 t.extent = {(le.c0 + k - 1) / k, (le.c1 + k - 1) / k, (le.c2 + k - 1) / k};
             }
             if (rw.loss_upcast && cast < b.ops.size()) {
+                // (still an alias of the logits: `.float()` of fp32 logits is the
+                // same tensor, no copy)
                 const TensorId lf = b.ops[cast].outputs.front();
                 auto& t = b.tensors[static_cast<std::size_t>(lf)];
-                t.alias_of = -1;
                 t.extent = {(le.c0 + k - 1) / k, (le.c1 + k - 1) / k, (le.c2 + k - 1) / k};
                 b.ops[cast].kind = OpKind::Elementwise;
             } else if (!rw.loss_upcast) {
