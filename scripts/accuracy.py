@@ -349,8 +349,8 @@ def _optimizer(r, task, flags):
 
 def framework_args(r, flags, by_hf, types):
     """gpumem estimate arguments for one row, the per_gpu field to compare, and approximation notes."""
-    if r["kind"] != "measured":
-        raise NotExpressible("capacity boundary (OOM), not a number")
+    if r["kind"] not in ("measured", "capacity_boundary"):
+        raise NotExpressible(f"kind {r['kind']} has no mapping")
     if r.get("suspect"):
         raise NotExpressible("excluded: the number contradicts the row's settings (see 'suspect')")
     task = r["task"]
@@ -536,6 +536,8 @@ def framework_args(r, flags, by_hf, types):
     else:
         args += ["--gpu", "A100-80GB"]
         approx.append(f"GPU {'not stated' if not gpu else repr(gpu)}: A100-80GB assumed")
+    if r["kind"] == "capacity_boundary":
+        return args, "fits", approx
     field = FRAMEWORK_FIELD[r["metric"]]
     if first_micro_batch and field == "peak_allocated":
         field = "first_step.peak_allocated"
@@ -578,6 +580,11 @@ def framework_rows(gpumem):
             out.append(res)
             continue
         est = json.loads(proc.stdout)
+        if field == "fits":
+            # A run the source reports as out of memory: gpumem must not say it fits.
+            res.update(field=field, args=args, approximations=approx, oom_agrees=not est["per_gpu"]["fits"])
+            out.append(res)
+            continue
         # "first_step.peak_allocated": the simulation's first step; else a per-GPU field.
         pred = (est["simulation"]["first_step"][field.split(".", 1)[1]] if field.startswith("first_step.") else est["per_gpu"][field]) / UNIT_BYTES[r["unit"]]
         res.update(field=field, predicted=pred, error_pct=100.0 * (pred - r["value"]) / r["value"], args=args,
@@ -633,6 +640,11 @@ def framework_table(rs):
         worst = "-" if v["worst_id"] is None else f"{v['worst_error_pct']:+.1f}% ({v['worst_id']})"
         lines.append(f"| {name} | {v['rows']} | {v['measured']} | {v['n']} | {v['not_yet_expressible']} | {v['not_expressible']} | {v['excluded']} | "
                      f"{f(v['median_abs_error_pct'])} | {f(v['p90_abs_error_pct'])} | {worst} | {v['beyond_20']} ({v['beyond_20_unexplained']}) |")
+    oom = [r for r in rs if r["kind"] == "capacity_boundary"]
+    judged = [r for r in oom if r.get("oom_agrees") is not None]
+    wrong = [r["id"] for r in judged if not r["oom_agrees"]]
+    lines += ["", f"Runs the sources report as out of memory: {len(oom)}; expressible {len(judged)}, gpumem answers "
+              f"\"does not fit\" for {len(judged) - len(wrong)}" + (f", \"fits\" for {', '.join(wrong)}" if wrong else "") + "."]
     lines += ["", "| measurement | metric | measured | gpumem | error | command or cause |", "|---|---|---:|---:|---:|---|"]
     for r in rs:
         if r["kind"] != "measured":
@@ -682,10 +694,12 @@ def main():
         summ = framework_summary(rs)
         known, overall = summ["settings fully known (completeness high)"], summ["overall"]
         bad = [r["id"] for r in rs if r["error_pct"] is not None and abs(r["error_pct"]) > 20 and not r["error_cause"]]
-        ok = (known["n"] > 0 and known["median_abs_error_pct"] <= 5 and known["p90_abs_error_pct"] <= 10 and not bad)
+        # a run that ran out of memory must never be answered "fits"
+        wrong_fits = [r["id"] for r in rs if r.get("oom_agrees") is False]
+        ok = (known["n"] > 0 and known["median_abs_error_pct"] <= 5 and known["p90_abs_error_pct"] <= 10 and not bad and not wrong_fits)
         print(f"settings fully known: n {known['n']}, median {known['median_abs_error_pct']:.1f}%, p90 {known['p90_abs_error_pct']:.1f}%; "
               f"overall: n {overall['n']}, median {overall['median_abs_error_pct']:.1f}%, p90 {overall['p90_abs_error_pct']:.1f}%; "
-              f"beyond 20% without a named cause: {', '.join(bad) or 'none'}")
+              f"beyond 20% without a named cause: {', '.join(bad) or 'none'}; OOM runs answered \"fits\": {', '.join(wrong_fits) or 'none'}")
         sys.exit(0 if ok else 1)
     if a.json:
         rs = framework_rows(a.gpumem)

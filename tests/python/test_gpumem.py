@@ -47,7 +47,7 @@ def test_estimate_matches_cli():
     assert est.per_gpu.total_device == est.to_dict()["per_gpu"]["total_device"]
     assert est.per_gpu.fits is False
     r = repr(est)
-    assert r.startswith("<Estimate llama-3-8b train: ") and "GiB of 80.00 GiB, does not fit>" in r
+    assert r.startswith("<Estimate llama-3-8b train: ") and "GiB of 79.18 GiB, does not fit>" in r
 
 
 def test_estimate_options_match_cli():

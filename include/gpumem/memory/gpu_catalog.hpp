@@ -24,7 +24,7 @@ struct GpuSpec {
     std::string vendor;
     std::string arch;                  // "volta", "ampere", "ada", "hopper", "blackwell", "cdna3"
     int compute_capability = 0;        // 70, 80, 86, 89, 90, 100 (0 for AMD)
-    Bytes memory;                      // usable capacity as the driver reports (GiB or GB per datasheet)
+    Bytes memory;                      // capacity CUDA reports (cudaMemGetInfo total; below the datasheet by the driver's reserve), else the datasheet's
     double bandwidth_gbs = 0;          // HBM/GDDR bandwidth, GB/s
     double tflops_fp32 = 0;            // non-tensor FP32
     double tflops_tf32 = 0;
