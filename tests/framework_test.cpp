@@ -476,3 +476,41 @@ TEST(Frameworks, LitgptPartialQkvLoraKeepsTheZeroPadSource) {
     const Bytes qv = layer({"q_proj", "v_proj"}), qkv = layer({"q_proj", "k_proj", "v_proj"});
     EXPECT_EQ((qv - qkv).count(), 2 * b * s * (h + kv) - 2 * b * s * r);
 }
+
+// Megatron's --recompute-method / --recompute-num-layers (megatron/core/
+// recompute.py@d98e8a64ddf3 L157-183) on 3 layers whose uncheckpointed saves
+// are S each and whose input is I = b x s x h bf16: block 1 checkpoints layer
+// 0 only (I + 2S kept); uniform 2 checkpoints the chunks [0, 1] and [2] (two
+// inputs kept) and rebuilds two layers at once in backward (S more in flight
+// than one layer at a time).
+TEST(Frameworks, MegatronRecomputeMethodAndNumLayers) {
+    const ModelGraph g = llama_like();
+    const std::int64_t b = 2, s = 128, h = 256;
+    auto layers = [&](Recompute rc, std::optional<RecomputeMethod> m, std::optional<std::int64_t> n) {
+        EstimateRequest r = base();
+        r.recompute = rc;
+        r.recompute_method = m;
+        r.recompute_num_layers = n;
+        auto e = estimate(g, r);
+        EXPECT_TRUE(e.ok()) << e.error().message;
+        for (const auto& blk : e.value().activation_detail.blocks)
+            if (blk.block == "layers") return blk;
+        return BlockActivations{};
+    };
+    const auto none = layers(Recompute::None, std::nullopt, std::nullopt), full = layers(Recompute::Full, std::nullopt, std::nullopt);
+    const Bytes S = none.per_instance, I = Bytes(2 * b * s * h);
+    EXPECT_EQ(none.total, S * 3);
+    EXPECT_EQ(full.total, I * 3);
+    EXPECT_EQ(layers(Recompute::Full, RecomputeMethod::Block, 1).total, I + S * 2);
+    EXPECT_EQ(layers(Recompute::Full, RecomputeMethod::Block, 3).total, I * 3);
+    const auto uni = layers(Recompute::Full, RecomputeMethod::Uniform, 2);
+    EXPECT_EQ(uni.total, I * 2);
+    EXPECT_EQ(uni.recompute_transient - full.recompute_transient, S);
+
+    EstimateRequest bad = base();
+    bad.recompute = Recompute::Selective;
+    bad.recompute_num_layers = 2;
+    auto e = estimate(g, bad);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().field, "recompute-num-layers");
+}

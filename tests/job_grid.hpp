@@ -216,6 +216,13 @@ inline GridJob draw_job(Rng& rng, GridKind kind) {
         if (ckpt && fw.chance(30)) r.activation_offload = true;
         if (r.mode == Mode::Train && r.precision == Precision::AmpBF16 && fw.chance(25)) r.framework = Framework::Torchtitan;
     }
+    // Megatron's recompute_method / recompute_num_layers (uniform chunks rebuilt
+    // at once, or the first N layers), from a generator of their own.
+    Rng mg(seed ^ 0x5bd1e9955bd1e995ULL);
+    if (r.recompute == Recompute::Full && !r.recompute_every && mg.chance(30)) {
+        r.recompute_method = mg.pick(std::vector<RecomputeMethod>{RecomputeMethod::Uniform, RecomputeMethod::Block});
+        r.recompute_num_layers = mg.pick(std::vector<std::int64_t>{2, 3});
+    }
     // Every framework profile (its loop, loss, kernels and LoRA modules), where
     // it runs the drawn precision (grid_valid drops the others).
     if (fw.chance(25))

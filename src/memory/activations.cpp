@@ -619,20 +619,20 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         const std::int64_t more = repeat - 1;
 
         const bool ckpt = (ctx.recompute == Recompute::Full || ctx.recompute == Recompute::Ops) && blk.checkpointable;
-        const std::int64_t every = std::max<std::int64_t>(1, ctx.recompute_every);
-        const std::int64_t n_ck = ckpt ? (repeat + every - 1) / every : 0;  // instances 0, N, 2N, ...
+        const std::int64_t group = ckpt ? recompute_group(ctx) : 1;   // Megatron uniform chunks
+        const std::int64_t n_ck = ckpt ? checkpointed_count(repeat, ctx) : 0;  // instances 0, N, 2N, ... / the first N / the chunks
         const Bytes sac = ckpt && ctx.recompute == Recompute::Ops ? op_sac_saved(blk, ctx) : Bytes(0);
         // Offloaded inputs: one comes back from CPU memory for each recompute.
         const Bytes fetched = ckpt && ctx.activation_offload ? rest.input_bytes : Bytes(0);
-        if (ckpt && n_ck < repeat) {
-            // Every N-th instance checkpointed, the others keep their saves.
+        if (ckpt && group == 1 && n_ck < repeat) {
+            // Every N-th (or the first N) instances checkpointed, the others keep their saves.
             ba.per_instance = rest.saved;
             ba.total = (ctx.activation_offload ? Bytes(0) : rest.input_bytes) * n_ck + sac * n_ck + rest.saved * (repeat - n_ck);
             res.saved += ba.total;
             ba.recompute_transient = rest.saved + rest.largest + fetched;
             ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
-            ba.recompute_trailing = rest.saved * ((repeat - 1) % every);
+            ba.recompute_trailing = rest.saved * trailing_uncheckpointed(repeat, ctx);
             ba.weight_casts = rest.weight_casts * (repeat - n_ck);
             res.autocast_weight_casts += ba.weight_casts;
             ba.unsaved_casts = (rest.weight_casts - rest.frozen_casts) * n_ck;
@@ -648,11 +648,14 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             // when nothing ran before it), this block's output for the rest.
             // Op-level selective checkpointing also keeps its chosen outputs;
             // offloaded inputs leave the GPU once the next layer has read them.
+            // Megatron uniform chunks of N layers keep one input per chunk and
+            // rebuild a whole chunk at once (its N layers' activations).
             const Bytes in_first = prev_output > Bytes(0) ? prev_output : first.input_bytes;
+            const std::int64_t chunk = std::min(group, repeat);
             ba.per_instance = (more > 0 ? first.output_bytes : in_first) + sac;
-            ba.total = ctx.activation_offload ? sac * repeat : in_first + first.output_bytes * more + sac * repeat;
+            ba.total = ctx.activation_offload ? sac * repeat : in_first + first.output_bytes * (n_ck - 1) + sac * repeat;
             res.saved += ba.total;
-            ba.recompute_transient = rest.saved + rest.largest + fetched;
+            ba.recompute_transient = rest.saved * chunk + rest.largest + fetched;
             ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
             ba.unsaved_casts = first.weight_casts - first.frozen_casts + (rest.weight_casts - rest.frozen_casts) * more;

@@ -192,6 +192,8 @@ std::vector<Field> build_table() {
         row("recompute", FT::Enum, "savers", kJob, AT(job.recompute), "activation recomputation (checkpointing)").modes(kTrainModes),
         row("attention", FT::Enum, "savers", kJob, AT(job.attention), "attention kernel: eager keeps the s x s scores, flash (SDPA) does not"),
         row("recompute-every", FT::Int, "savers", kJob, AT(job.recompute_every), "checkpoint every N-th layer only (torchtitan selective_ac_option N; HF: every layer)").min(1).computed("1 (every layer)").modes(kTrainModes),
+        row("recompute-method", FT::Enum, "savers", kJob, AT(job.recompute_method), "Megatron --recompute-method with --recompute full: uniform checkpoints the layers in chunks of --recompute-num-layers (a chunk rebuilt at once), block only the first --recompute-num-layers layers of each model chunk").computed("uniform").modes(kTrainModes),
+        row("recompute-num-layers", FT::Int, "savers", kJob, AT(job.recompute_num_layers), "Megatron --recompute-num-layers: layers per checkpointed chunk (uniform) or checkpointed layers per model chunk (block)").min(1).computed("1").modes(kTrainModes),
         row("activation-offload", FT::Bool, "savers", kJob, AT(job.activation_offload), "saved activations offloaded to CPU memory (torchtune enable_activation_offloading, Unsloth)").modes(kTrainModes),
         // ---- framework (memory/framework.hpp)
         row("framework", FT::Enum, "framework", kJob, AT(job.framework), "training framework whose loop, modeling code and precision policy the step follows (docs/frameworks.md)").computed("hf (Trainer / accelerate / TRL)"),

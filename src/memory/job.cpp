@@ -414,6 +414,21 @@ Result<Job> resolve_job(const ModelGraph& g_in, const EstimateRequest& req_in) {
                  "--activation-offload moves the checkpointed layers' inputs to CPU memory (torchtune, Unsloth): use it with --recompute full or ops");
         if (req.recompute_every && actx.recompute != Recompute::Full && actx.recompute != Recompute::Ops)
             fail(ErrorCode::InvalidArgument, "recompute-every", "--recompute-every chooses which layers are checkpointed: use it with --recompute full or ops");
+        if ((req.recompute_method || req.recompute_num_layers) && actx.recompute != Recompute::Full)
+            fail(ErrorCode::InvalidArgument, req.recompute_method ? "recompute-method" : "recompute-num-layers",
+                 "--recompute-method / --recompute-num-layers choose which layers full recompute checkpoints (Megatron's): use them with --recompute full");
+        if (req.recompute_num_layers && req.recompute_every && *req.recompute_every > 1)
+            fail(ErrorCode::InvalidArgument, "recompute-num-layers",
+                 "--recompute-num-layers (Megatron) and --recompute-every (torchtitan) are two ways to pick the checkpointed layers: use one");
+        actx.recompute_method = req.recompute_method.value_or(RecomputeMethod::Uniform);
+        actx.recompute_num_layers = req.recompute_num_layers.value_or(1);
+        if (actx.recompute == Recompute::Full && (req.recompute_method || req.recompute_num_layers))
+            job.assumptions.push_back(std::string("Megatron recompute_method ") + to_string(actx.recompute_method) + ", recompute_num_layers " +
+                                      std::to_string(actx.recompute_num_layers) +
+                                      (actx.recompute_method == RecomputeMethod::Uniform
+                                           ? ": the layers in chunks of that many, each chunk's input kept and the chunk rebuilt at once"
+                                           : ": the first that many layers of each model chunk checkpointed, the others keep their activations") +
+                                      " (NVIDIA/Megatron-LM megatron/core/recompute.py@d98e8a64ddf3 L157-183)");
         actx.attention = req.attention;
         actx.train_base = !lora;
         if (lora) {

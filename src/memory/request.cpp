@@ -29,10 +29,12 @@ constexpr std::array<std::pair<const char*, CrossEntropy>, 4> kCrossEntropy{{{"f
 constexpr std::array<std::pair<const char*, LogitsLifetime>, 2> kLogits{{{"freed", LogitsLifetime::Freed}, {"kept", LogitsLifetime::Kept}}};
 constexpr std::array<std::pair<const char*, Kernels>, 3> kKernels{{{"eager", Kernels::Eager}, {"fused", Kernels::Fused}, {"te", Kernels::TE}}};
 constexpr std::array<std::pair<const char*, Fp8Recipe>, 7> kFp8{{{"none", Fp8Recipe::None}, {"delayed", Fp8Recipe::Delayed}, {"current", Fp8Recipe::Current}, {"tensorwise", Fp8Recipe::Tensorwise}, {"rowwise", Fp8Recipe::Rowwise}, {"mxfp8", Fp8Recipe::MXFP8}, {"nvfp4", Fp8Recipe::NVFP4}}};
+constexpr std::array<std::pair<const char*, RecomputeMethod>, 2> kRecomputeMethod{{{"uniform", RecomputeMethod::Uniform}, {"block", RecomputeMethod::Block}}};
 constexpr std::array<std::pair<const char*, CudaGraphs>, 3> kCudaGraphs{{{"none", CudaGraphs::None}, {"compile", CudaGraphs::Compile}, {"megatron", CudaGraphs::Megatron}}};
 }  // namespace
 
 const char* to_string(CudaGraphs v) { return enum_name(v, kCudaGraphs); }
+const char* to_string(RecomputeMethod v) { return enum_name(v, kRecomputeMethod); }
 const char* to_string(Framework v) { return enum_name(v, kFrameworks); }
 const char* to_string(CrossEntropy v) { return enum_name(v, kCrossEntropy); }
 const char* to_string(LogitsLifetime v) { return enum_name(v, kLogits); }

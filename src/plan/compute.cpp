@@ -176,8 +176,9 @@ std::vector<ChunkWork> chunk_work(const ModelGraph& g, const Job& job, const std
         // N-th with --recompute-every); op-level selective: the matmuls whose
         // outputs were not kept (every other one), attention kept.
         if (include_backward && blk.checkpointable && (job.req.recompute == Recompute::Full || job.req.recompute == Recompute::Ops)) {
-            const double every = static_cast<double>(std::max<std::int64_t>(1, job.actx.recompute_every));
-            const double share = std::ceil(static_cast<double>(blk.repeat) / every) / static_cast<double>(std::max<std::int64_t>(1, blk.repeat));
+            // (Megatron uniform chunks: every layer is rebuilt; block: the first N)
+            const std::int64_t rebuilt = recompute_group(job.actx) > 1 ? blk.repeat : checkpointed_count(blk.repeat, job.actx);
+            const double share = static_cast<double>(rebuilt) / static_cast<double>(std::max<std::int64_t>(1, blk.repeat));
             const bool ops = job.req.recompute == Recompute::Ops;
             const double gm = (ops ? 0.5 : 1.0) * share;
             one.gemm += gm * fwd_gemm;

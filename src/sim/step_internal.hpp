@@ -121,6 +121,10 @@ struct Instance {
     std::int64_t input = 0;                        // the block input (caller's)
     std::int64_t checkpoint = 0;                   // full recompute: reference on the input
     bool checkpointed = false;                     // this instance is checkpointed (--recompute-every)
+    // Megatron uniform chunks (--recompute-num-layers N): the chunk's size and
+    // this instance's place in it (0: the chunk's first, which keeps the input);
+    // the whole chunk is rebuilt when backward reaches its last instance.
+    std::int64_t group = 0, group_pos = 0;
     Bytes offloaded;                               // --activation-offload: its input, back from CPU for the recompute
     bool input_rg = false;
 };

@@ -103,13 +103,20 @@ std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
         for (std::int64_t r = 0; r < n; ++r) {
             const Bytes next = r + 1 < n ? block_gather_[pi] : (u + 1 < units.size() ? block_gather_[units[u + 1].first] : Bytes(0));
             if (p.blk->name == "head") em_.phase = Phase::Loss;
-            // Every N-th checkpointable instance of the chunk (memory/activations.hpp).
-            const bool ck = p.checkpointed && checkpointed_instance(ck_index++, job_.actx);
+            // Every N-th checkpointable instance of the chunk, the first N, or
+            // chunks of N rebuilt at once (memory/activations.hpp).
+            const std::int64_t k = p.checkpointed ? ck_index++ : 0;
+            const bool ck = p.checkpointed && checkpointed_instance(k, job_.actx);
+            const std::int64_t grp = p.checkpointed ? recompute_group(job_.actx) : 1;
             em_.stream = graph_stream(p);
             fp8_instance_ = r;
-            Instance in = forward(p, x, rg, true, !ck, next);
+            Instance in = forward(p, x, rg, true, !ck && grp == 1, next);
             em_.stream = 0;
             in.checkpointed = ck;
+            if (grp > 1) {
+                in.group = grp;
+                in.group_pos = k % grp;
+            }
             const auto out_st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(p.blk->output)]);
             if (ck && job_.actx.activation_offload) {
                 // Copied to CPU memory; the GPU copy goes once the next layer has read it.
@@ -175,6 +182,43 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
         const auto pi = static_cast<std::size_t>(in.plan - plans_.data());
         const Bytes next = std::next(it) != stack.rend() ? block_gather_[static_cast<std::size_t>(std::next(it)->plan - plans_.data())] : Bytes(0);
         em_.stream = graph_stream(*in.plan);
+        if (in.group > 0) {
+            // A Megatron uniform chunk (megatron/core/recompute.py@d98e8a64ddf3
+            // L157-166): re-run the forward of all its layers from the first
+            // one's kept input, then their backward, last to first.
+            const auto last = static_cast<std::size_t>(std::distance(it, stack.rend()) - 1);
+            const std::size_t start = last - static_cast<std::size_t>(in.group_pos);
+            Instance& head = stack[start];
+            if (head.offloaded > Bytes(0)) head.checkpoint = em_.alloc(head.offloaded, em_.label(head.plan->blk->name + " input (back from CPU)"));
+            std::vector<Instance> re;
+            std::int64_t x = head.checkpoint;
+            recomputing_ = true;
+            for (std::size_t j = start; j <= last; ++j) {
+                em_.stream = graph_stream(*stack[j].plan);
+                re.push_back(forward(*stack[j].plan, x, stack[j].input_rg, true, true, Bytes(0)));
+                em_.unref(x);  // our reference on the input (the layer keeps what it saves)
+                const auto ost = static_cast<std::size_t>(stack[j].plan->storage[static_cast<std::size_t>(stack[j].plan->blk->output)]);
+                x = re.back().gid[ost];
+            }
+            recomputing_ = false;
+            em_.unref(x);  // the chunk's recomputed output itself is not needed
+            head.checkpoint = 0;
+            for (std::size_t j = re.size(); j-- > 0;) {
+                em_.stream = graph_stream(*re[j].plan);
+                const std::size_t at = start + j;
+                const Bytes nx = at > 0 ? block_gather_[static_cast<std::size_t>(stack[at - 1].plan - plans_.data())] : Bytes(0);
+                g = backward(re[j], g, nx);
+            }
+            for (auto id : dropped_casts_) em_.unref(id);
+            dropped_casts_.clear();
+            for (std::size_t j = start; j <= last; ++j) {
+                for (auto id : stack[j].extra) em_.unref(id);
+                stack[j].extra.clear();
+            }
+            it += static_cast<std::ptrdiff_t>(in.group_pos);  // the chunk's other instances are done
+            em_.stream = 0;
+            continue;
+        }
         if (in.checkpointed) {
             // Re-run the layer's forward from the kept input, then its backward.
             if (in.offloaded > Bytes(0)) in.checkpoint = em_.alloc(in.offloaded, em_.label(in.plan->blk->name + " input (back from CPU)"));

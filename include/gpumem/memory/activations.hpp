@@ -48,6 +48,10 @@ struct ActivationContext {
     // checkpointed layers go to CPU memory and come back for the recompute
     // (--activation-offload: torchtune, Unsloth).
     std::int64_t recompute_every = 1;
+    // Megatron's recompute_method / recompute_num_layers (request.hpp
+    // RecomputeMethod): uniform chunks of N layers, or the first N layers.
+    RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+    std::int64_t recompute_num_layers = 1;
     bool activation_offload = false;
     Recompute recompute = Recompute::None;
     Attention attention = Attention::Eager;
@@ -229,9 +233,31 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
 // attention kernels' outputs with their fp32 logsumexp.
 Bytes op_sac_saved(const Block& b, const ActivationContext& ctx);
 
-// Whether the k-th checkpointable instance of a run is checkpointed.
+// Whether the k-th checkpointable instance of a run is checkpointed (keeps
+// its input and is rebuilt in backward): every N-th (recompute_every), the
+// first N (Megatron block), or the first of each chunk of N (Megatron
+// uniform, whose other layers are rebuilt with it: recompute_group).
 inline bool checkpointed_instance(std::int64_t k, const ActivationContext& ctx) {
+    if (ctx.recompute_method == RecomputeMethod::Block) return k < ctx.recompute_num_layers;
+    if (ctx.recompute_num_layers > 1) return k % ctx.recompute_num_layers == 0;
     return ctx.recompute_every <= 1 || k % ctx.recompute_every == 0;
+}
+// Layers a checkpoint covers and backward rebuilds at once (Megatron uniform).
+inline std::int64_t recompute_group(const ActivationContext& ctx) {
+    return ctx.recompute_method == RecomputeMethod::Uniform ? std::max<std::int64_t>(1, ctx.recompute_num_layers) : 1;
+}
+// Of `repeat` checkpointable instances of a run: how many are checkpointed
+// (keep their input; with uniform chunks, the chunks), and how many
+// uncheckpointed ones come after the last checkpointed (backwarded first).
+inline std::int64_t checkpointed_count(std::int64_t repeat, const ActivationContext& ctx) {
+    if (ctx.recompute_method == RecomputeMethod::Block) return std::min(repeat, ctx.recompute_num_layers);
+    const std::int64_t n = std::max<std::int64_t>(1, recompute_group(ctx) > 1 ? recompute_group(ctx) : ctx.recompute_every);
+    return (repeat + n - 1) / n;
+}
+inline std::int64_t trailing_uncheckpointed(std::int64_t repeat, const ActivationContext& ctx) {
+    if (ctx.recompute_method == RecomputeMethod::Block) return repeat - std::min(repeat, ctx.recompute_num_layers);
+    if (recompute_group(ctx) > 1) return 0;
+    return (repeat - 1) % std::max<std::int64_t>(1, ctx.recompute_every);
 }
 
 // The dtype a role resolves to under a context.

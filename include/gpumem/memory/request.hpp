@@ -27,6 +27,11 @@ enum class Optimizer { SGD, SGDMomentum, Adam, AdamW, AdamW8bit, Adafactor, Lion
 // ops: op-level selective checkpointing (torchtitan selective_ac_option "op":
 // the outputs of every other matmul and of attention are saved, the rest rebuilt).
 enum class Recompute { None, Selective, Full, Ops };
+// Which layers full recompute checkpoints (Megatron-LM --recompute-method with
+// --recompute-num-layers N, megatron/core/recompute.py@d98e8a64ddf3 L157-183):
+// uniform: the layers in chunks of N, each chunk's input kept and the chunk
+// rebuilt at once; block: the first N layers of each model chunk, one by one.
+enum class RecomputeMethod { Uniform, Block };
 enum class Attention { Eager, Flash };
 // int8: bitsandbytes LLM.int8 (Linear8bitLt); int4: GPTQ-style (group 128);
 // nf4 / fp4: bitsandbytes Linear4bit with quant_type "nf4" / "fp4".
@@ -92,6 +97,7 @@ const char* to_string(LogitsLifetime);
 const char* to_string(Kernels);
 const char* to_string(Fp8Recipe);
 const char* to_string(CudaGraphs);
+const char* to_string(RecomputeMethod);
 
 struct EstimateRequest {
     std::string model;                 // preset name, path, or "" with params_count
@@ -152,6 +158,8 @@ struct EstimateRequest {
     std::optional<LogitsLifetime> logits;
     std::optional<Kernels> kernels;
     std::optional<std::int64_t> recompute_every;  // checkpoint every N-th layer (torchtitan ac_freq, HF: 1)
+    std::optional<RecomputeMethod> recompute_method;   // Megatron --recompute-method (default uniform)
+    std::optional<std::int64_t> recompute_num_layers;  // Megatron --recompute-num-layers (default 1)
     std::optional<bool> compile;               // torch.compile of the model (Inductor); default the framework's
     std::optional<bool> compile_loss;          // whether --compile covers the loss too; default the framework's
     std::optional<bool> activation_offload;    // saved activations offloaded to CPU (torchtune, Unsloth); default the framework's
