@@ -233,6 +233,22 @@ struct PlanRequest {
     int threads = 0;                  // 0: all cores
 };
 
+// Serving engines (gpumem serving, memory/serving.hpp): the engine and its
+// own start-up settings, each defaulting to the engine's documented default.
+enum class Engine { VLLM };
+const char* to_string(Engine);
+struct ServingOptions {
+    Engine engine = Engine::VLLM;
+    std::optional<double> gpu_memory_utilization;         // vLLM --gpu-memory-utilization (0.9)
+    std::optional<std::int64_t> max_model_len;            // tokens per request (the model's maximum positions)
+    std::optional<std::int64_t> max_num_seqs;             // requests per step (1024 on GPUs >= 70 GiB but A100, else 256)
+    std::optional<std::int64_t> max_num_batched_tokens;   // tokens per step (8192 / 2048 likewise)
+    std::optional<std::int64_t> block_size;               // KV block size in tokens (16)
+    std::optional<Bytes> kv_cache_memory;                 // vLLM --kv-cache-memory: the KV budget itself
+    bool enforce_eager = false;                           // no CUDA graphs
+    std::vector<std::string> command;                     // the engine's own command line (after `--`)
+};
+
 // Inputs of the commands that are not jobs (doctor, snapshot, compat).
 struct OtherInputs {
     std::string message;                      // doctor: the CUDA out-of-memory text ("-": standard input)
@@ -255,6 +271,7 @@ struct Request {
     ComputeOptions compute;
     PlanRequest plan;    // .base and .compute are copied from job/compute by the dispatch
     SweepRequest sweep;  // .base likewise
+    ServingOptions serving;
     OtherInputs other;
 };
 

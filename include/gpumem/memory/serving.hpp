@@ -1,0 +1,68 @@
+// gpumem/memory/serving.hpp — GPU memory of a model served by an engine.
+//
+// A serving engine decides its memory at start-up, on the GPU: vLLM (V1)
+// takes a budget of gpu_memory_utilization x the device's total memory,
+// loads the weights, runs one profiling forward of max_num_batched_tokens
+// tokens (attention skipped) and its sampler on max_num_seqs rows, and gives
+// whatever of the budget is left to the paged KV cache (memory/paged_kv.hpp),
+// which fixes how many tokens and requests it can hold. This predicts that
+// before anyone starts it. Pinned to vLLM 0.19 (V1), the version of the
+// public logs it is checked against (tests/fixtures/groundtruth/
+// vllm_startup_logs.json): the budget is requested - (weights + profile peak
+// + non-torch memory) (vllm/v1/worker/gpu_worker.py determine_available_memory;
+// vllm/utils/mem_utils.py memory_profiling), and CUDA graphs are captured
+// after the KV cache, on top of the budget (from v0.21 vLLM estimates and
+// subtracts them first). docs/research/vllm.md has the notes and citations.
+// Measured parts (weights, KV arithmetic) are exact; the profile peak and the
+// graphs are estimates, named as such in the assumptions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpumem/core/bytes.hpp"
+#include "gpumem/core/result.hpp"
+#include "gpumem/memory/request.hpp"
+#include "gpumem/model/graph.hpp"
+
+namespace gpumem {
+
+struct ServingPerGpu {
+    Bytes weights;          // this rank's weights ("Model loading took")
+    Bytes activation_peak;  // the profile run's transient peak (forward + sampler)
+    Bytes non_torch;        // memory outside PyTorch's allocator the budget counts (NCCL with tp/pp > 1)
+    Bytes kv_cache;         // the KV pool ("Available KV cache memory")
+    Bytes cuda_graph;       // CUDA graphs captured after the KV cache (outside the budget in 0.19)
+    Bytes cuda_context;     // the context, before vLLM's first memory snapshot (outside the budget)
+    Bytes total_device;     // nvidia-smi: context + budget + graphs
+    Bytes capacity;         // the device's total as CUDA reports it
+    Bytes requested;        // gpu_memory_utilization x capacity (the budget)
+    bool fits = false;      // vLLM starts and holds one request of max_model_len
+};
+
+struct ServingResult {
+    std::string model_name;
+    std::string engine;         // "vllm"
+    std::string engine_version; // whose defaults and budget rule apply
+    std::string gpu;
+    std::int64_t tp = 1, pp = 1;
+    std::int64_t max_model_len = 0, max_num_seqs = 0, max_num_batched_tokens = 0, block_size = 0;
+    double gpu_memory_utilization = 0;
+    ServingPerGpu per_gpu;      // the rank with the fewest KV blocks (every rank keeps that many)
+    std::vector<ServingPerGpu> per_rank;  // one per pipeline stage (tensor-parallel ranks are alike)
+    std::int64_t kv_cache_blocks = 0;     // "num_gpu_blocks"
+    std::int64_t kv_cache_tokens = 0;     // "GPU KV cache size: N tokens"
+    double max_concurrency = 0;           // "Maximum concurrency for L tokens per request: x"
+    std::string error;                    // the error vLLM would stop with ("" when it starts)
+    std::vector<std::string> assumptions;
+};
+
+// The engine's own command line (`vllm serve MODEL --flag value ...`) onto the
+// options and the job (model, tp, pp, dtype, kv-cache dtype); flags it does
+// not model are errors naming them.
+void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& o, EstimateRequest& job);
+
+Result<ServingResult> serving_memory(const EstimateRequest& job, const ServingOptions& o);
+
+}  // namespace gpumem

@@ -1,0 +1,261 @@
+// GPU memory of a model served by an engine (gpumem/memory/serving.hpp).
+#include "gpumem/memory/serving.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "gpumem/memory/gpu_catalog.hpp"
+#include "gpumem/memory/job.hpp"
+#include "gpumem/memory/paged_kv.hpp"
+#include "gpumem/memory/parallel.hpp"
+#include "gpumem/model/load.hpp"
+
+namespace gpumem {
+
+namespace {
+
+void check(bool ok, const char* field, const std::string& msg) {
+    if (!ok) fail(ErrorCode::InvalidArgument, field, msg);
+}
+
+std::string gib(Bytes b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b.count()) / 1073741824.0);
+    return buf;
+}
+
+std::int64_t to_int(const std::string& flag, const std::string& v) {
+    std::size_t used = 0;
+    long long n = 0;
+    try {
+        n = std::stoll(v, &used);
+    } catch (...) {
+        used = 0;
+    }
+    if (used != v.size() || v.empty()) fail(ErrorCode::InvalidArgument, flag, "vllm " + flag + " takes an integer (got \"" + v + "\")");
+    return n;
+}
+
+}  // namespace
+
+void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& o, EstimateRequest& job) {
+    if (argv.empty()) return;
+    // `vllm serve MODEL ...` or `python -m vllm.entrypoints.openai.api_server --model MODEL ...`
+    std::size_t i = 0;
+    if (argv.size() >= 2 && argv[0] == "vllm" && argv[1] == "serve") {
+        i = 2;
+    } else if (argv.size() >= 3 && argv[0].rfind("python", 0) == 0 && argv[1] == "-m" && argv[2].rfind("vllm.entrypoints", 0) == 0) {
+        i = 3;
+    } else {
+        fail(ErrorCode::InvalidArgument, "command",
+             "the engine command line must start with `vllm serve` or `python -m vllm.entrypoints.openai.api_server` (got \"" + argv[0] + "\")");
+    }
+    o.engine = Engine::VLLM;
+    const auto value = [&](const std::string& flag, std::string inline_value) -> std::string {
+        if (!inline_value.empty()) return inline_value;
+        check(i + 1 < argv.size(), "command", "vllm " + flag + " needs a value");
+        return argv[++i];
+    };
+    // Flags that do not change memory are accepted and ignored.
+    static const std::vector<std::string> kIgnored = {"--host", "--port", "--served-model-name", "--api-key", "--trust-remote-code",
+                                                      "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-log-requests",
+                                                      "--disable-log-stats", "--uvicorn-log-level", "--seed", "--tokenizer", "--revision",
+                                                      "--download-dir", "--load-format", "--generation-config", "--chat-template"};
+    static const std::vector<std::string> kBoolIgnored = {"--trust-remote-code", "--enable-prefix-caching", "--no-enable-prefix-caching",
+                                                          "--disable-log-requests", "--disable-log-stats"};
+    for (; i < argv.size(); ++i) {
+        std::string a = argv[i], inl;
+        if (a.rfind("--", 0) != 0 && a != "-tp" && a != "-pp") {
+            check(job.model.empty() || i == 2 || i == 3, "command", "unexpected argument \"" + a + "\" in the vllm command line");
+            if (job.model.empty()) job.model = a;  // a MODEL given before `--` stands in for this one
+            continue;
+        }
+        if (const auto eq = a.find('='); eq != std::string::npos) {
+            inl = a.substr(eq + 1);
+            a = a.substr(0, eq);
+        }
+        if (a == "--model") {
+            const std::string m = value(a, inl);
+            if (job.model.empty()) job.model = m;
+        } else if (a == "--max-model-len") {
+            o.max_model_len = to_int(a, value(a, inl));
+        } else if (a == "--tensor-parallel-size" || a == "-tp") {
+            job.parallel.tp = to_int(a, value(a, inl));
+        } else if (a == "--pipeline-parallel-size" || a == "-pp") {
+            job.parallel.pp = to_int(a, value(a, inl));
+        } else if (a == "--gpu-memory-utilization") {
+            const std::string v = value(a, inl);
+            char* end = nullptr;
+            const double u = std::strtod(v.c_str(), &end);
+            check(end && *end == '\0' && !v.empty(), "gpu-memory-utilization", "vllm --gpu-memory-utilization takes a number (got \"" + v + "\")");
+            o.gpu_memory_utilization = u;
+        } else if (a == "--max-num-seqs") {
+            o.max_num_seqs = to_int(a, value(a, inl));
+        } else if (a == "--max-num-batched-tokens") {
+            o.max_num_batched_tokens = to_int(a, value(a, inl));
+        } else if (a == "--block-size") {
+            o.block_size = to_int(a, value(a, inl));
+        } else if (a == "--kv-cache-memory") {
+            o.kv_cache_memory = Bytes(to_int(a, value(a, inl)));
+        } else if (a == "--enforce-eager") {
+            o.enforce_eager = true;
+        } else if (a == "--kv-cache-dtype") {
+            const std::string v = value(a, inl);
+            if (v == "fp8" || v == "fp8_e4m3" || v == "fp8_e5m2") job.kv_dtype = DType::F8_E4M3;
+            else if (v == "bfloat16") job.kv_dtype = DType::BF16;
+            else if (v == "float16" || v == "half") job.kv_dtype = DType::F16;
+            else check(v == "auto", "kv-dtype", "vllm --kv-cache-dtype " + v + " is not modelled (auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16)");
+        } else if (a == "--dtype") {
+            const std::string v = value(a, inl);
+            if (v == "bfloat16") job.precision = Precision::BF16;
+            else if (v == "float16" || v == "half") job.precision = Precision::FP16;
+            else if (v == "float32" || v == "float") job.precision = Precision::FP32;
+            else check(v == "auto", "precision", "vllm --dtype " + v + " is not modelled (auto, bfloat16, float16, float32)");
+        } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
+            if (inl.empty() && std::find(kBoolIgnored.begin(), kBoolIgnored.end(), a) == kBoolIgnored.end()) ++i;  // its value
+        } else {
+            fail(ErrorCode::InvalidArgument, "command",
+                 "vllm " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--max-model-len, --tensor-parallel-size, "
+                 "--pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --block-size, --kv-cache-dtype, "
+                 "--kv-cache-memory, --dtype, --enforce-eager)");
+        }
+    }
+}
+
+Result<ServingResult> serving_memory(const EstimateRequest& job_in, const ServingOptions& o_in) {
+    return capture([&]() -> ServingResult {
+        EstimateRequest job = job_in;
+        ServingOptions o = o_in;
+        apply_engine_command(o.command, o, job);
+        check(!job.model.empty(), "model", "serving: name a model (preset, config.json or model folder), or give the engine's command line after --");
+        const ModelGraph g = take(load_model(job.model));
+        check(g.transformer.has_value(), "model", "serving needs a transformer model (its layers, heads and vocabulary)");
+        const TransformerDims& d = *g.transformer;
+        ServingResult out;
+        out.model_name = g.name;
+        out.engine = to_string(o.engine);
+        out.engine_version = "0.19 (V1)";
+        const std::int64_t tp = std::max<std::int64_t>(1, job.parallel.tp), pp = std::max<std::int64_t>(1, job.parallel.pp);
+        out.tp = tp;
+        out.pp = pp;
+
+        const GpuSpec gpu = take(find_gpu(job.gpu));
+        out.gpu = gpu.name;
+        const Bytes capacity = job.gpu_memory.value_or(gpu.memory);
+        const double u = o.gpu_memory_utilization.value_or(0.9);
+        check(u > 0.0 && u <= 1.0, "gpu-memory-utilization", "--gpu-memory-utilization must be in (0, 1] (vLLM's own range)");
+        out.gpu_memory_utilization = u;
+        // vLLM's batch defaults for `vllm serve` (EngineArgs.get_batch_defaults):
+        // 8192 tokens / 1024 sequences on GPUs of at least 70 GiB other than
+        // the A100, else 2048 / 256.
+        const bool big = capacity >= GiB(70) && gpu.name.find("A100") == std::string::npos;
+        out.max_num_batched_tokens = o.max_num_batched_tokens.value_or(big ? 8192 : 2048);
+        out.max_num_seqs = o.max_num_seqs.value_or(big ? 1024 : 256);
+        out.block_size = o.block_size.value_or(16);
+        out.max_model_len = o.max_model_len.value_or(g.max_positions > 0 ? g.max_positions : 2048);
+        check(out.max_model_len >= 1, "max-model-len", "--max-model-len must be a positive integer");
+        check(out.max_num_seqs >= 1, "max-num-seqs", "--max-num-seqs must be a positive integer");
+        check(out.max_num_batched_tokens >= 1, "max-num-batched-tokens", "--max-num-batched-tokens must be a positive integer");
+        const Precision prec = job.precision.value_or(Precision::BF16);
+        check(prec == Precision::BF16 || prec == Precision::FP16 || prec == Precision::FP32, "precision",
+              "serving runs the weights in bf16, fp16 or fp32 (--precision bf16|fp16|fp32)");
+        const DType model_dt = prec == Precision::FP32 ? DType::F32 : prec == Precision::FP16 ? DType::F16 : DType::BF16;
+        const DType kv_dt = job.kv_dtype.value_or(model_dt);
+        out.assumptions.push_back("vLLM " + out.engine_version + ": budget = gpu_memory_utilization x total - (weights + profile-run peak + non-torch memory), "
+                                  "the rest is the paged KV cache; CUDA graphs are captured afterwards, outside the budget (docs/research/vllm.md)");
+        out.assumptions.push_back("max_num_batched_tokens " + std::to_string(out.max_num_batched_tokens) + ", max_num_seqs " + std::to_string(out.max_num_seqs) +
+                                  (o.max_num_seqs || o.max_num_batched_tokens ? "" : big ? " (vLLM's serve defaults on >= 70 GiB GPUs but A100)" : " (vLLM's serve defaults)") +
+                                  ", block_size " + std::to_string(out.block_size) + (o.block_size ? "" : " (vLLM's CUDA default)"));
+
+        // Weights per rank: gpumem's inference layout (each rank's share of the
+        // tensor-parallel weights, pipeline stages' layers).
+        EstimateRequest inf = job;
+        inf.mode = Mode::Infer;
+        inf.precision = prec;
+        inf.batch = 1;
+        inf.seq = std::min<std::int64_t>(16, out.max_model_len);
+        inf.gen_len = 0;
+        inf.analytic = true;
+        inf.parallel.tp = tp;
+        inf.parallel.pp = pp;
+        inf.parallel.gpus = tp * pp;
+        const Job resolved = take(resolve_job(g, inf));
+        const ParallelResult par = parallel_memory(g, resolved);
+        const Bytes nccl = tp * pp > 1 ? resolved.layout.cfg.nccl_per_communicator : Bytes(0);
+
+        // The profile run (gpu_model_runner.py profile_run / _dummy_run /
+        // _dummy_sampler_run): max_num_batched_tokens tokens through the model
+        // with attention skipped, then the sampler on min(max_num_seqs, tokens)
+        // rows. Estimate: one layer's MLP working set (the residual and normed
+        // hidden states, the gate/up projection and its activation) and the
+        // sampler's logits in the model dtype, their fp32 copy and fp32
+        // probabilities, held at once.
+        const std::int64_t T = out.max_num_batched_tokens, R = std::min(out.max_num_seqs, T);
+        const std::int64_t I = (d.intermediate + tp - 1) / tp;
+        const bool gated = true;  // SwiGLU/GeGLU families; non-gated MLPs are smaller
+        const Bytes forward_peak = dtype_bytes(model_dt, checked_mul(T, 2 * d.hidden + (gated ? 3 : 2) * I));
+        const Bytes sampler_peak = dtype_bytes(model_dt, checked_mul(R, d.vocab)) + dtype_bytes(DType::F32, checked_mul(2 * R, d.vocab));
+        out.assumptions.push_back("profile-run peak (an estimate): " + std::to_string(T) + " tokens through one layer's MLP (" + gib(forward_peak) +
+                                  " GiB) and the sampler on " + std::to_string(R) + " rows of the " + std::to_string(d.vocab) + "-token vocabulary (" +
+                                  gib(sampler_peak) + " GiB: logits, their fp32 copy and fp32 probabilities)");
+        const Bytes requested = Bytes(static_cast<std::int64_t>(std::ceil(static_cast<double>(capacity.count()) * u)));
+
+        PagedKvRequest kr;
+        kr.tp = tp;
+        kr.pp = pp;
+        kr.block_size = out.block_size;
+        kr.max_model_len = out.max_model_len;
+        kr.kv_dtype = kv_dt;
+        std::vector<ServingPerGpu> ranks;
+        for (std::size_t s = 0; s < par.stages.size(); ++s) {
+            ServingPerGpu r;
+            r.weights = par.stages[s].weights;
+            const bool last = s + 1 == par.stages.size();
+            r.activation_peak = forward_peak + (last ? sampler_peak : Bytes(0));
+            r.non_torch = nccl;
+            r.capacity = capacity;
+            r.requested = requested;
+            r.cuda_context = job.cuda_context.value_or(gpu.cuda_context);
+            const Bytes non_kv = r.weights + r.activation_peak + r.non_torch;
+            r.kv_cache = o.kv_cache_memory ? *o.kv_cache_memory : requested > non_kv ? requested - non_kv : Bytes(0);
+            kr.available.push_back(r.kv_cache);
+            // CUDA graphs (an estimate): the pool holds the largest captured
+            // batch's working set (capture sizes up to min(2 x max_num_seqs, 512,
+            // max_num_batched_tokens)).
+            const std::int64_t cg = std::min<std::int64_t>({2 * out.max_num_seqs, 512, T});
+            r.cuda_graph = o.enforce_eager ? Bytes(0) : dtype_bytes(model_dt, checked_mul(cg, 2 * d.hidden + (gated ? 3 : 2) * I));
+            r.total_device = r.cuda_context + (o.kv_cache_memory ? non_kv + r.kv_cache : requested) + r.cuda_graph;
+            ranks.push_back(r);
+        }
+        if (o.kv_cache_memory) out.assumptions.push_back("--kv-cache-memory " + gib(*o.kv_cache_memory) + " GiB: the KV budget as given (gpu_memory_utilization ignored)");
+        if (o.enforce_eager) out.assumptions.push_back("--enforce-eager: no CUDA graphs");
+        else out.assumptions.push_back("CUDA graphs (an estimate): the largest captured batch's MLP working set");
+        const PagedKvResult kv = take(paged_kv_cache(d, kr));
+        out.kv_cache_blocks = kv.num_blocks;
+        out.kv_cache_tokens = kv.kv_cache_tokens;
+        out.max_concurrency = kv.max_concurrency;
+        // The most constrained rank (fewest blocks) is the answer.
+        std::size_t worst = 0;
+        for (std::size_t s = 0; s < kv.stages.size(); ++s)
+            if (kv.stages[s].blocks < kv.stages[worst].blocks) worst = s;
+        // Start-up checks, in vLLM's order, with its messages.
+        const Bytes free_at_start = capacity > ranks[worst].cuda_context ? capacity - ranks[worst].cuda_context : Bytes(0);
+        if (!o.kv_cache_memory && free_at_start < requested)
+            out.error = "Free memory on device (" + gib(free_at_start) + "/" + gib(capacity) + " GiB) on startup is less than desired GPU memory utilization (" +
+                        std::to_string(u).substr(0, 4) + ", " + gib(requested) + " GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.";
+        else if (ranks[worst].kv_cache <= Bytes(0))
+            out.error = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.";
+        else if (!kv.fits_one_request)
+            out.error = "To serve at least one request with the model's max seq len (" + std::to_string(out.max_model_len) + "), (" + gib(kv.needed_per_request) +
+                        " GiB KV cache is needed, which is larger than the available KV cache memory (" + gib(ranks[worst].kv_cache) +
+                        " GiB). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.";
+        for (auto& r : ranks) r.fits = out.error.empty() && r.total_device <= capacity;
+        out.per_rank = ranks;
+        out.per_gpu = ranks[worst];
+        return out;
+    });
+}
+
+}  // namespace gpumem

@@ -1,0 +1,124 @@
+// gpumem serving (memory/serving.hpp) against public vLLM start-up logs
+// (tests/fixtures/groundtruth/vllm_startup_logs.json) and its own rules.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "gpumem/memory/serving.hpp"
+#include "test_util.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+const std::map<std::string, std::string> kPresets = {
+    {"meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"},
+    {"Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"},
+};
+
+struct Row {
+    std::string id;
+    double kv_err = 0, w_err = 0;
+    bool one_gpu = true;
+};
+
+std::vector<Row> scored() {
+    const auto fx = test::read_json("tests/fixtures/groundtruth/vllm_startup_logs.json");
+    std::vector<Row> out;
+    for (const auto& row : fx["rows"]) {
+        if (row["engine"] != "V1" || row["available_kv_cache_gib"].is_null() || row["model_loading_gib"].is_null()) continue;
+        const auto it = kPresets.find(row["model"].get<std::string>());
+        if (it == kPresets.end() || !row["quantization"].is_null() || row["gpu_memory_gib"].is_null()) continue;
+        EstimateRequest job;
+        job.model = it->second;
+        const std::string gpu = row["gpu"].get<std::string>();
+        job.gpu = gpu.find("H100") != std::string::npos ? "H100-80GB" : gpu.find("A100 40GB") != std::string::npos ? "A100-40GB" : "A100-80GB";
+        // The device total the log prints, else the catalog's (CUDA-reported) capacity.
+        if (gpu.find("log:") != std::string::npos) job.gpu_memory = Bytes(static_cast<std::int64_t>(row["gpu_memory_gib"].get<double>() * 1073741824.0));
+        job.parallel.tp = row["tensor_parallel_size"].get<std::int64_t>();
+        job.parallel.pp = row["pipeline_parallel_size"].get<std::int64_t>();
+        if (row["kv_cache_dtype"] == "fp8") job.kv_dtype = DType::F8_E4M3;
+        ServingOptions o;
+        o.gpu_memory_utilization = row["gpu_memory_utilization"].get<double>();
+        o.max_model_len = row["max_model_len"].get<std::int64_t>();
+        if (!row["max_num_seqs"].is_null()) o.max_num_seqs = row["max_num_seqs"].get<std::int64_t>();
+        if (!row["max_num_batched_tokens"].is_null()) o.max_num_batched_tokens = row["max_num_batched_tokens"].get<std::int64_t>();
+        o.enforce_eager = row["enforce_eager"].is_boolean() && row["enforce_eager"].get<bool>();
+        const auto r = serving_memory(job, o);
+        EXPECT_TRUE(r.ok()) << r.error().message;
+        if (!r.ok()) continue;
+        const double kv = static_cast<double>(r.value().per_gpu.kv_cache.count()) / 1073741824.0;
+        const double w = static_cast<double>(r.value().per_gpu.weights.count()) / 1073741824.0;
+        out.push_back({row["id"].get<std::string>(), 100.0 * (kv - row["available_kv_cache_gib"].get<double>()) / row["available_kv_cache_gib"].get<double>(),
+                       100.0 * (w - row["model_loading_gib"].get<double>()) / row["model_loading_gib"].get<double>(),
+                       job.parallel.tp * job.parallel.pp == 1});
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST(Serving, VllmKvPoolAndWeightsAgainstPublicLogs) {
+    // "Available KV cache memory" within 1.5% on one GPU; with tensor or pipeline
+    // parallelism within 4%: the all-reduce's own buffers (NCCL, vLLM's
+    // all-reduce) are modelled as one 256 MiB communicator, and the logs show
+    // about 1.8 GiB more per rank on H100 at tp 2 and 4 (an open gap).
+    // "Model loading took" within 1% everywhere.
+    const auto rows = scored();
+    ASSERT_GE(rows.size(), 6u);
+    for (const auto& r : rows) {
+        std::cout << r.id << ": KV pool " << r.kv_err << "%, weights " << r.w_err << "%\n";
+        EXPECT_LE(std::fabs(r.kv_err), r.one_gpu ? 1.5 : 4.0) << r.id;
+        EXPECT_LE(std::fabs(r.w_err), 1.0) << r.id;
+    }
+}
+
+// The engine's own command line: `vllm serve` with its flag names (and the
+// `--flag=value` form); a MODEL given before `--` stands in for its model. The
+// KV pool's blocks follow from the page: 32 layers x 2 x 16 tokens x (8 / 2)
+// heads x 128 x 1 byte (fp8) = 512 KiB a block.
+TEST(Serving, VllmCommandLine) {
+    EstimateRequest job;
+    job.model = "llama-3.1-8b";
+    job.gpu = "H100-80GB";
+    ServingOptions o;
+    o.command = {"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768", "-tp", "2", "--kv-cache-dtype", "fp8",
+                 "--gpu-memory-utilization=0.85", "--port", "8000", "--enable-prefix-caching"};
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r.value().tp, 2);
+    EXPECT_EQ(r.value().max_model_len, 32768);
+    EXPECT_DOUBLE_EQ(r.value().gpu_memory_utilization, 0.85);
+    EXPECT_EQ(r.value().kv_cache_blocks, r.value().per_gpu.kv_cache.count() / (32 * 2 * 16 * 4 * 128));
+    EXPECT_EQ(r.value().kv_cache_tokens, r.value().kv_cache_blocks * 16);  // 32768 is a multiple of 16
+    EXPECT_TRUE(r.value().per_gpu.fits);
+    EXPECT_TRUE(r.value().error.empty());
+
+    ServingOptions bad;
+    bad.command = {"vllm", "serve", "x", "--speculative-config", "{}"};
+    const auto e = serving_memory(job, bad);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().field, "command");
+    EXPECT_NE(e.error().message.find("--speculative-config"), std::string::npos);
+}
+
+// vLLM refuses to start when one request of max_model_len does not fit its KV
+// pool: Llama-3.1-8B at 131072 tokens needs 16 GiB of KV (131072 x 32 layers x
+// 2 x 8 heads x 128 x 2 B), more than an RTX 4090 has left after the weights.
+TEST(Serving, OneRequestMustFit) {
+    EstimateRequest job;
+    job.model = "llama-3.1-8b";
+    job.gpu = "RTX-4090";
+    ServingOptions o;
+    o.max_model_len = 131072;
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_FALSE(r.value().per_gpu.fits);
+    EXPECT_EQ(r.value().error.rfind("To serve at least one request with the model's max seq len (131072), (16.00 GiB KV cache is needed", 0), 0u)
+        << r.value().error;
+    o.max_model_len = 8192;
+    EXPECT_TRUE(serving_memory(job, o).value().per_gpu.fits);
+}
