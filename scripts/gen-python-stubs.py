@@ -55,6 +55,7 @@ FUNCS = [
     ("advise", "advise", "Advice", "model: Optional[str] = ..."),
     ("sweep", "sweep", "Sweep", "model: Optional[str] = ..."),
     ("plan", "plan", "Plan", "model: Optional[str] = ..."),
+    ("serving", "serving", "Serving", "model: Optional[str] = ..."),
     ("doctor", "doctor", "Doctor", "message: str"),
     ("snapshot", "snapshot", "Snapshot", 'path: Union[str, "os.PathLike[str]"], alloc_conf: Optional[str] = ...'),
 ]
@@ -87,7 +88,7 @@ def py_type(f):
 # result class -> its command's schema (docs/schema/<command>.schema.json)
 RESULTS = [("Estimate", "estimate"), ("Params", "params"), ("Fit", "fit"), ("Plan", "plan"), ("Sweep", "sweep"),
            ("Advice", "advise"), ("Timeline", "timeline"), ("Snapshot", None), ("Doctor", "doctor"),
-           ("Models", "models"), ("Gpus", "gpus")]
+           ("Models", "models"), ("Gpus", "gpus"), ("Serving", "serving")]
 
 
 def schema_type(s, name, out):

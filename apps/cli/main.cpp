@@ -218,7 +218,13 @@ int main(int argc, char** argv) {
     serve->add_option("--time-budget", serve_budget, "time limit per request, e.g. 10s (over it: 503)")->capture_default_str();
 #endif
 
-    const std::vector<std::string> args = normalize_args(argc, argv);
+    std::vector<std::string> args = normalize_args(argc, argv);
+    // `gpumem serving ... -- <the engine's own command line>`
+    std::vector<std::string> engine_argv;
+    if (const auto dd = std::find(args.begin(), args.end(), "--"); dd != args.end()) {
+        engine_argv.assign(dd + 1, args.end());
+        args.erase(dd, args.end());
+    }
     try {
         std::vector<std::string> rev(args.rbegin(), args.rend());
         app.parse(rev);
@@ -258,6 +264,11 @@ int main(int argc, char** argv) {
         for (auto& s : subs) {
             if (!s.app->parsed()) continue;
             json body = body_of(s);
+            if (!engine_argv.empty()) {
+                if (s.command != Command::Serving)
+                    fail(ErrorCode::InvalidArgument, "command", "an engine command line after -- is for gpumem serving");
+                body["command"] = engine_argv;
+            }
             if (s.command == Command::Doctor && body.value("message", "") == "-") {
                 std::string message;
                 char buf[4096];

@@ -12,6 +12,7 @@
 #include "gpumem/report/doctor_render.hpp"
 #include "gpumem/report/fit_render.hpp"
 #include "gpumem/report/plan_render.hpp"
+#include "gpumem/report/serving_render.hpp"
 #include "gpumem/report/snapshot_render.hpp"
 #include "gpumem/report/sweep_render.hpp"
 #include "gpumem/report/timeline_render.hpp"
@@ -81,6 +82,7 @@ const std::vector<std::pair<Command, Runner>>& commands() {
              ParamSummary s = summarize_params(g);
              return with(Command::Params, r, ParamsAnswer{std::move(g), std::move(s)});
          }},
+        {Command::Serving, [](const Request& r, const CallOptions&) { return with(Command::Serving, r, take(serving_memory(r.job, r.serving))); }},
         {Command::Fit,
          [](const Request& r, const CallOptions&) {
              FitRequest fr;
@@ -161,6 +163,7 @@ struct Renderer {
     }
     std::string operator()(const ParamsAnswer& p) const { return render_params(p.graph, p.summary, f); }
     std::string operator()(const FitResult& r) const { return render_fit(r, f); }
+    std::string operator()(const ServingResult& r) const { return render_serving(r, f); }
     std::string operator()(const AdviceResult& r) const { return render_advice(r, f); }
     std::string operator()(const PlanResult& r) const { return render_plan(r, f); }
     std::string operator()(const SweepResult& r) const { return render_sweep(r, f); }
@@ -180,6 +183,7 @@ struct JsonMaker {
     }
     json operator()(const ParamsAnswer& p) const { return params_to_json(p.graph, p.summary); }
     json operator()(const FitResult& r) const { return fit_to_json(r); }
+    json operator()(const ServingResult& r) const { return serving_to_json(r); }
     json operator()(const AdviceResult& r) const { return advice_to_json(r); }
     json operator()(const PlanResult& r) const { return plan_to_json(r); }
     json operator()(const SweepResult& r) const { return sweep_to_json(r); }

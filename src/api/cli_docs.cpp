@@ -14,6 +14,8 @@ const std::vector<CommandInfo>& command_infos() {
         {Command::Estimate, "estimate", "per-GPU memory of a training or inference job, part by part, and its step time",
          {"gpumem estimate llama-3-8b --batch 4 --seq 4096 --gpu H100-80GB", "gpumem estimate mixtral-8x7b --gpus 64 --tp 2 --pp 4 --ep 8 --distributed-optimizer",
           "gpumem estimate llama-3-8b --mode infer --batch 16 --seq 8192 --gen-len 512 --format json"}},
+        {Command::Serving, "serving", "a model served by vLLM: KV-cache tokens, concurrency, per-GPU memory, and whether it starts",
+         {"gpumem serving llama-3.1-8b --gpu H100-80GB --max-model-len 32768", "gpumem serving llama-3.1-8b --gpu A100-40GB -- vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 16384 -tp 2 --kv-cache-dtype fp8"}},
         {Command::Fit, "fit", "the largest micro-batch and the longest sequence that fit the GPU",
          {"gpumem fit llama-3-8b --seq 4096 --gpu A100-80GB", "gpumem fit gpt2 --mode infer --gpu L4"}},
         {Command::Advise, "advise", "each memory-saving technique's saving and time cost for this job, and the cheapest combination that fits",

@@ -20,7 +20,8 @@ using json = nlohmann::json;
 constexpr std::uint32_t bit(Command c) { return 1u << static_cast<unsigned>(c); }
 constexpr std::uint32_t kJob = bit(Command::Estimate) | bit(Command::Timeline) | bit(Command::Fit) | bit(Command::Advise) |
                                bit(Command::Plan) | bit(Command::Sweep) | bit(Command::Doctor);
-constexpr std::uint32_t kModelCmds = kJob | bit(Command::Params) | bit(Command::CompatDeepSpeed);
+constexpr std::uint32_t kServe = bit(Command::Serving);
+constexpr std::uint32_t kModelCmds = kJob | bit(Command::Params) | bit(Command::CompatDeepSpeed) | kServe;
 constexpr std::uint32_t kTime = bit(Command::Estimate) | bit(Command::Timeline) | bit(Command::Advise) | bit(Command::Plan);
 constexpr std::uint32_t kEveryCommand = (1u << static_cast<unsigned>(Command::Count)) - 1;
 constexpr std::uint8_t kTrainModes = mode_bit(Mode::Train) | mode_bit(Mode::Lora) | mode_bit(Mode::QLora);
@@ -28,7 +29,7 @@ constexpr std::uint8_t kLoraModes = mode_bit(Mode::Lora) | mode_bit(Mode::QLora)
 constexpr std::uint8_t kInfer = mode_bit(Mode::Infer);
 
 constexpr std::array<const char*, static_cast<std::size_t>(Command::Count)> kCommandNames{
-    "estimate", "timeline", "fit", "advise", "plan", "sweep", "doctor", "params", "snapshot", "compat-deepspeed", "compat-megatron", "models", "gpus"};
+    "estimate", "timeline", "fit", "advise", "plan", "sweep", "doctor", "params", "snapshot", "compat-deepspeed", "compat-megatron", "models", "gpus", "serving"};
 
 // ---- enum traits: the names come from each enum's own to_string ------------
 template <class E>
@@ -176,7 +177,7 @@ std::vector<Field> build_table() {
         row("lora-dropout", FT::Number, "job", kJob, AT(job.lora_dropout), "dropout on each adapter's input (PEFT lora_dropout): p > 0 keeps a dropped copy and a mask per adapter").min(0).max(1).computed("0 (PEFT's default)").modes(kLoraModes),
         row("decoder-seq", FT::Int, "job", kJob, AT(job.decoder_seq), "decoder tokens per sample of an encoder-decoder model (T5); --seq is the encoder's").unit("tokens").min(1).computed("--seq").modes(kTrainModes),
         // ---- precision
-        row("precision", FT::Enum, "precision", kJob, AT(job.precision), "numeric precision: pure fp32/fp16/bf16 or torch.autocast mixed precision").computed("amp-bf16 for training, bf16 for inference"),
+        row("precision", FT::Enum, "precision", kJob | kServe, AT(job.precision), "numeric precision: pure fp32/fp16/bf16 or torch.autocast mixed precision").computed("amp-bf16 for training, bf16 for inference"),
         row("optimizer", FT::Enum, "precision", kJob, AT(job.optimizer), "optimizer (its states per parameter)").modes(kTrainModes),
         row("optimizer-impl", FT::Enum, "precision", kJob, AT(job.optimizer_impl), "torch.optim implementation (its step temporaries)").computed("fused under --distributed-optimizer or --zero (Megatron, DeepSpeed), else foreach (torch.optim's default)").modes(kTrainModes),
         row("zero-grad", FT::Enum, "precision", kJob, AT(job.zero_grad), "optimizer.zero_grad: set-to-none frees gradients (PyTorch >= 2.0), zero keeps them (1.x)").modes(kTrainModes),
@@ -187,7 +188,7 @@ std::vector<Field> build_table() {
         row("quantize-head", FT::Bool, "precision", kJob, AT(job.quantize_head), "quantize lm_head too (LitGPT's bitsandbytes plugin converts every nn.Linear; HF skips it)"),
         row("bnb-4bit-saves-input", FT::Bool, "precision", kJob, AT(job.bnb_4bit_saves_input), "bitsandbytes < 0.43.2: the 4-bit matmul keeps its input for backward").modes(kLoraModes),
         row("kbit-upcast", FT::Bool, "precision", kJob, AT(job.kbit_upcast), "PEFT prepare_model_for_kbit_training: non-quantized parameters (embeddings, norms, output layer) in fp32, hence an fp32 residual stream and fp32 checkpoints").computed("the framework's (axolotl: on for --quant nf4/fp4/int8 without FSDP or ZeRO-3)").modes(kLoraModes),
-        row("kv-dtype", FT::Enum, "precision", kJob, AT(job.kv_dtype), "KV-cache dtype").computed("the activation dtype").modes(kInfer),
+        row("kv-dtype", FT::Enum, "precision", kJob | kServe, AT(job.kv_dtype), "KV-cache dtype").computed("the activation dtype").modes(kInfer),
         // ---- memory savers
         row("recompute", FT::Enum, "savers", kJob, AT(job.recompute), "activation recomputation (checkpointing)").modes(kTrainModes),
         row("attention", FT::Enum, "savers", kJob, AT(job.attention), "attention kernel: eager keeps the s x s scores, flash (SDPA) does not"),
@@ -204,12 +205,22 @@ std::vector<Field> build_table() {
         row("compile-loss", FT::Bool, "framework", kJob, AT(job.compile_loss), "with --compile: the loss is compiled too (one kernel that keeps the logits and a logsumexp, no fp32 log_softmax); torchtitan before 2025-04 compiled the blocks only").computed("the framework's (all but LitGPT)").modes(kTrainModes),
         row("fp8-recipe", FT::Enum, "framework", kJob, AT(job.fp8_recipe), "FP8 / FP4 training recipe: Transformer Engine delayed, current, mxfp8, nvfp4 (quantized saved inputs, cached weight copies) or torchao tensorwise, rowwise (16-bit saves); memory and time, implies --fp8").modes(kTrainModes),
         row("cuda-graphs", FT::Enum, "framework", kJob, AT(job.cuda_graphs), "CUDA graphs in training: compile = torch.compile(mode=\"reduce-overhead\") (implies --compile), megatron = Megatron-Core per-layer graphs (--cuda-graph-impl local); the graph pool's memory serves no eager allocation").modes(kTrainModes),
+        // ---- serving engines (memory/serving.hpp)
+        row("engine", FT::Enum, "serving", kServe, AT(serving.engine), "the serving engine whose start-up is predicted"),
+        row("gpu-memory-utilization", FT::Number, "serving", kServe, AT(serving.gpu_memory_utilization), "vLLM --gpu-memory-utilization: the fraction of the GPU's memory the engine budgets").min(0).max(1).computed("0.9 (vLLM's default)"),
+        row("max-model-len", FT::Int, "serving", kServe, AT(serving.max_model_len), "tokens per request (vLLM --max-model-len)").unit("tokens").min(1).computed("the model's maximum positions"),
+        row("max-num-seqs", FT::Int, "serving", kServe, AT(serving.max_num_seqs), "requests per step (vLLM --max-num-seqs)").min(1).computed("vLLM's: 1024 on GPUs of 70 GiB or more other than the A100, else 256"),
+        row("max-num-batched-tokens", FT::Int, "serving", kServe, AT(serving.max_num_batched_tokens), "tokens per step, the profile run's size (vLLM --max-num-batched-tokens)").unit("tokens").min(1).computed("vLLM's: 8192 on GPUs of 70 GiB or more other than the A100, else 2048"),
+        row("block-size", FT::Int, "serving", kServe, AT(serving.block_size), "tokens per KV-cache block (vLLM --block-size)").min(1).computed("16"),
+        row("kv-cache-memory", FT::Size, "serving", kServe, AT(serving.kv_cache_memory), "vLLM --kv-cache-memory: the KV budget itself (gpu-memory-utilization is then ignored)").unit("bytes").min(1),
+        row("enforce-eager", FT::Bool, "serving", kServe, AT(serving.enforce_eager), "vLLM --enforce-eager: no CUDA graphs"),
+        row("command", FT::StringList, "serving", kServe, AT(serving.command), "the engine's own command line, after -- on the CLI (e.g. -- vllm serve MODEL --max-model-len 32768)"),
         // ---- layout
         row("gpus", FT::Int, "layout", kJob, AT(job.parallel.gpus), "GPUs in the job (data parallel = gpus / (tp x pp x cp))").min(1),
         row("nodes", FT::Int, "layout", kJob | bit(Command::CompatDeepSpeed), AT(job.parallel.nodes), "nodes").min(1).computed("gpus / GPUs per node"),
         row("gpus-per-node", FT::Int, "layout", kJob | bit(Command::CompatDeepSpeed), AT(job.parallel.gpus_per_node), "GPUs per node").min(1).computed("the GPU's board: 8 for HGX/DGX, 72 for GB200 NVL72"),
-        row("tp", FT::Int, "layout", kJob, AT(job.parallel.tp), "tensor-parallel size").min(1),
-        row("pp", FT::Int, "layout", kJob, AT(job.parallel.pp), "pipeline-parallel size").min(1),
+        row("tp", FT::Int, "layout", kJob | kServe, AT(job.parallel.tp), "tensor-parallel size").min(1),
+        row("pp", FT::Int, "layout", kJob | kServe, AT(job.parallel.pp), "pipeline-parallel size").min(1),
         row("cp", FT::Int, "layout", kJob, AT(job.parallel.cp), "context-parallel size").min(1),
         row("ep", FT::Int, "layout", kJob, AT(job.parallel.ep), "expert-parallel size (MoE)").min(1),
         row("sp", FT::Bool, "layout", kJob, AT(job.parallel.sp), "sequence parallelism (with --tp)"),
@@ -229,9 +240,9 @@ std::vector<Field> build_table() {
         row("offload-params", FT::Enum, "layout", kJob, AT(job.parallel.offload_params), "parameters offloaded (ZeRO-3 Infinity)").modes(kTrainModes),
         row("capacity-factor", FT::Number, "layout", kJob, AT(job.parallel.capacity_factor), "MoE token capacity factor").min(0),
         // ---- GPU and allocator
-        row("gpu", FT::String, "gpu", kJob, AT(job.gpu), "GPU from the catalog (gpumem gpus)"),
-        row("gpu-memory", FT::Size, "gpu", kJob, AT(job.gpu_memory), "the GPU's capacity, overriding the catalog, e.g. 24GiB").unit("bytes").min(1),
-        row("cuda-context", FT::Size, "gpu", kJob, AT(job.cuda_context), "the CUDA context (nvidia-smi minus reserved), e.g. 1343MiB").unit("bytes").min(1).computed("by GPU and module loading (docs/assumptions.md)"),
+        row("gpu", FT::String, "gpu", kJob | kServe, AT(job.gpu), "GPU from the catalog (gpumem gpus)"),
+        row("gpu-memory", FT::Size, "gpu", kJob | kServe, AT(job.gpu_memory), "the GPU's capacity, overriding the catalog, e.g. 24GiB").unit("bytes").min(1),
+        row("cuda-context", FT::Size, "gpu", kJob | kServe, AT(job.cuda_context), "the CUDA context (nvidia-smi minus reserved), e.g. 1343MiB").unit("bytes").min(1).computed("by GPU and module loading (docs/assumptions.md)"),
         row("cuda-lazy-loading", FT::Bool, "gpu", kJob, AT(job.cuda_lazy_loading), "CUDA lazy module loading (default since CUDA 11.7 + PyTorch 1.13)"),
         row("allocator", FT::Enum, "gpu", kJob, AT(job.allocator), "pytorch: the caching allocator; none: live tensor bytes only, as the CPU profiler sees them"),
         row("alloc-conf", FT::String, "gpu", kJob | bit(Command::Snapshot), AT(job.alloc_conf), "PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True (snapshot: replay with these settings)"),
@@ -486,7 +497,7 @@ const std::vector<std::pair<std::string, std::string>>& field_groups() {
     static const std::vector<std::pair<std::string, std::string>> g = {
         {"model", "Model"},       {"job", "Job"},     {"precision", "Precision and optimizer"}, {"savers", "Memory savers"},
         {"framework", "Training framework"}, {"layout", "Parallel layout"}, {"gpu", "GPU and allocator"}, {"time", "Time and cost"}, {"plan", "Planner"},
-        {"sweep", "Sweep"},       {"input", "Input"}, {"output", "Output"}};
+        {"sweep", "Sweep"},       {"serving", "Serving engine"}, {"input", "Input"}, {"output", "Output"}};
     return g;
 }
 

@@ -99,6 +99,22 @@ def test_fit_matches_cli():
     assert repr(f).startswith("<Fit gpt2")
 
 
+def test_serving_matches_cli():
+    s = gpumem.serving("llama-3.1-8b", gpu="H100-80GB", max_model_len=32768)
+    assert isinstance(s, gpumem.Serving)
+    assert s.to_dict() == cli_json("serving", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", 32768)
+    assert s.per_gpu.fits is True and s.kv_cache_tokens > 0
+    # the engine's own command line: after -- on the CLI, a list in Python
+    cmd = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "16384", "-tp", "2"]
+    p = subprocess.run([CLI, "serving", "llama-3.1-8b", "--format", "json", "--", *cmd], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    assert gpumem.serving("llama-3.1-8b", command=cmd).to_dict() == json.loads(p.stdout)
+    assert json.loads(p.stdout)["tp"] == 2
+    with pytest.raises(gpumem.GpumemError) as e:
+        gpumem.serving("llama-3.1-8b", command=["vllm", "serve", "x", "--bogus", "1"])
+    assert e.value.field == "command"
+
+
 def test_plan_matches_cli():
     p = gpumem.plan("llama-3-8b", gpus=8, top=3, headroom="10%", only_zero=[1, 3])
     assert isinstance(p, gpumem.Plan)

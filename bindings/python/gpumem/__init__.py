@@ -24,7 +24,7 @@ from . import _gpumem
 
 __all__ = [
     "GpumemError", "Result", "Node", "Estimate", "Params", "Fit", "Plan", "Sweep", "Advice", "Timeline",
-    "Snapshot", "Doctor", "Models", "Gpus", "estimate", "params", "fit", "plan", "sweep", "advise",
+    "Snapshot", "Doctor", "Models", "Gpus", "Serving", "estimate", "params", "fit", "plan", "sweep", "advise", "serving",
     "simulate", "snapshot", "doctor", "models", "gpus", "call", "fields",
 ]
 
@@ -178,6 +178,19 @@ class Fit(Result):
             elif v is not None:
                 parts.append(f"{k} {v}")
         return f"{self._model_name()}: " + ", ".join(parts)
+
+
+class Serving(Result):
+    """A model served by an engine (``gpumem serving``): ``per_gpu`` parts,
+    ``kv_cache_tokens``, ``kv_cache_blocks``, ``max_concurrency``, ``error``."""
+
+    __slots__ = ()
+
+    def _summary(self) -> str:
+        d = self._data
+        state = "starts" if not d.get("error") else "does not start"
+        return (f"{self._model_name()} on {d.get('gpu')} with {d.get('engine')}: {d.get('kv_cache_tokens', 0):,} KV tokens, "
+                f"{d.get('max_concurrency', 0):.2f}x at {d.get('max_model_len')} tokens, {state}")
 
 
 class Plan(Result):
@@ -360,6 +373,14 @@ def fit(model: Optional[str] = None, **options: Any) -> Fit:
     """The largest micro-batch and the longest sequence that fit the GPU
     (``gpumem fit``). Keywords: the fields of ``gpumem.fields("fit")``."""
     return Fit(call("fit", _body("fit", "fit", dict(options, model=model))))
+
+
+def serving(model: Optional[str] = None, **options: Any) -> Serving:
+    """A model served by vLLM (``gpumem serving``): its KV-cache tokens and
+    concurrency, per-GPU memory and whether it starts. ``command`` takes the
+    engine's own command line as a list (``["vllm", "serve", MODEL, ...]``).
+    Keywords: the fields of ``gpumem.fields("serving")``."""
+    return Serving(call("serving", _body("serving", "serving", dict(options, model=model))))
 
 
 def advise(model: Optional[str] = None, **options: Any) -> Advice:

@@ -812,6 +812,61 @@ class GpusDict(TypedDict, total=False):
 class Gpus(Result):
     def to_dict(self) -> GpusDict: ...
 
+class ServingDictGpu(TypedDict, total=False):
+    memory: int
+    name: str
+
+class ServingDictModel(TypedDict, total=False):
+    name: str
+
+class ServingDictPerGpu(TypedDict, total=False):
+    activation_peak: int
+    capacity: int
+    cuda_context: int
+    cuda_graph: int
+    fits: bool
+    kv_cache: int
+    non_torch: int
+    requested: int
+    total_device: int
+    weights: int
+
+class ServingDictPerRankItem(TypedDict, total=False):
+    activation_peak: int
+    capacity: int
+    cuda_context: int
+    cuda_graph: int
+    fits: bool
+    kv_cache: int
+    non_torch: int
+    requested: int
+    total_device: int
+    weights: int
+
+class ServingDict(TypedDict, total=False):
+    assumptions: List[str]
+    block_size: int
+    engine: str
+    engine_version: str
+    error: str
+    gpu: ServingDictGpu
+    gpu_memory_utilization: float
+    kv_cache_blocks: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    model: ServingDictModel
+    per_gpu: ServingDictPerGpu
+    per_rank: List[ServingDictPerRankItem]
+    pp: int
+    schema_version: int
+    tp: int
+
+class Serving(Result):
+    def to_dict(self) -> ServingDict: ...
+
 
 def call(command: str, body: Optional[Dict[str, Any]] = ...) -> Dict[str, Any]: ...
 def fields(command: Optional[str] = ...) -> List[Dict[str, Any]]: ...
@@ -1320,6 +1375,28 @@ def plan(
     offload: Optional[bool] = ...,
     threads: Optional[int] = ...,
 ) -> Plan: ...
+
+def serving(
+    model: Optional[str] = ...,
+    *,
+    params: Optional[Union[int, str]] = ...,
+    precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
+    kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
+    engine: Optional[Literal['vllm']] = ...,
+    gpu_memory_utilization: Optional[float] = ...,
+    max_model_len: Optional[int] = ...,
+    max_num_seqs: Optional[int] = ...,
+    max_num_batched_tokens: Optional[int] = ...,
+    block_size: Optional[int] = ...,
+    kv_cache_memory: Optional[Union[int, str]] = ...,
+    enforce_eager: Optional[bool] = ...,
+    command: Optional[Union[Sequence[str], str]] = ...,
+    tp: Optional[int] = ...,
+    pp: Optional[int] = ...,
+    gpu: Optional[str] = ...,
+    gpu_memory: Optional[Union[int, str]] = ...,
+    cuda_context: Optional[Union[int, str]] = ...,
+) -> Serving: ...
 
 def doctor(
     message: str,

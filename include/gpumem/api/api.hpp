@@ -20,6 +20,7 @@
 
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/fields.hpp"
+#include "gpumem/memory/serving.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/plan/advisor.hpp"
 #include "gpumem/plan/compat.hpp"
@@ -48,7 +49,7 @@ struct Answer {
     Command command = Command::Estimate;
     Request request;
     std::variant<FullEstimate, ParamsAnswer, FitResult, AdviceResult, PlanResult, SweepResult, DoctorResult, sim::SnapshotReport,
-                 DeepSpeedEstimate, MegatronMemoryReport, ModelsAnswer, GpusAnswer>
+                 DeepSpeedEstimate, MegatronMemoryReport, ModelsAnswer, GpusAnswer, ServingResult>
         result;
 };
 

@@ -1,0 +1,87 @@
+#include "gpumem/report/serving_render.hpp"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace gpumem {
+
+namespace {
+
+nlohmann::json per_gpu_json(const ServingPerGpu& p) {
+    return {{"weights", p.weights.count()},       {"activation_peak", p.activation_peak.count()}, {"non_torch", p.non_torch.count()},
+            {"kv_cache", p.kv_cache.count()},     {"cuda_graph", p.cuda_graph.count()},           {"cuda_context", p.cuda_context.count()},
+            {"total_device", p.total_device.count()}, {"requested", p.requested.count()},         {"capacity", p.capacity.count()},
+            {"fits", p.fits}};
+}
+
+std::string fixed(double v, int digits) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return buf;
+}
+
+std::string with_commas(std::int64_t n) {
+    std::string s = std::to_string(n), out;
+    int k = 0;
+    for (auto it = s.rbegin(); it != s.rend(); ++it) {
+        if (k && k % 3 == 0 && *it != '-') out.insert(out.begin(), ',');
+        out.insert(out.begin(), *it);
+        ++k;
+    }
+    return out;
+}
+
+}  // namespace
+
+nlohmann::json serving_to_json(const ServingResult& r) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& p : r.per_rank) ranks.push_back(per_gpu_json(p));
+    return {{"model", r.model_name},
+            {"engine", r.engine},
+            {"engine_version", r.engine_version},
+            {"gpu", r.gpu},
+            {"tp", r.tp},
+            {"pp", r.pp},
+            {"max_model_len", r.max_model_len},
+            {"max_num_seqs", r.max_num_seqs},
+            {"max_num_batched_tokens", r.max_num_batched_tokens},
+            {"block_size", r.block_size},
+            {"gpu_memory_utilization", r.gpu_memory_utilization},
+            {"per_gpu", per_gpu_json(r.per_gpu)},
+            {"per_rank", ranks},
+            {"kv_cache_blocks", r.kv_cache_blocks},
+            {"kv_cache_tokens", r.kv_cache_tokens},
+            {"max_concurrency", r.max_concurrency},
+            {"error", r.error},
+            {"assumptions", r.assumptions}};
+}
+
+std::string render_serving(const ServingResult& r, Format f) {
+    if (f == Format::Json) return serving_to_json(r).dump(2) + "\n";
+    const ServingPerGpu& p = r.per_gpu;
+    Table t;
+    t.header = {"part", "bytes", "size", "detail"};
+    t.right_align = {false, true, true, false};
+    const auto add = [&](const std::string& k, Bytes b, const std::string& d) { t.rows.push_back({k, std::to_string(b.count()), format_bytes(b), d}); };
+    add("weights", p.weights, "this rank's share (\"Model loading took\")");
+    add("activation_peak", p.activation_peak, "the profile run's peak (estimate)");
+    add("non_torch", p.non_torch, p.non_torch > Bytes(0) ? "NCCL communicator" : "-");
+    add("kv_cache", p.kv_cache, "\"Available KV cache memory\"");
+    add("cuda_graph", p.cuda_graph, "captured after the KV cache (estimate)");
+    add("cuda_context", p.cuda_context, "before the engine's budget");
+    add("total_device", p.total_device, "nvidia-smi");
+    add("requested", p.requested, "gpu_memory_utilization x total");
+    add("capacity", p.capacity, "the device's total as CUDA reports it");
+    if (f == Format::Csv || f == Format::Markdown) return render_table(t, f);
+    std::string out = r.model_name + " served by " + r.engine + " " + r.engine_version + " on " + r.gpu + (r.tp * r.pp > 1 ? " (tp " + std::to_string(r.tp) + ", pp " + std::to_string(r.pp) + ")" : "") + "\n";
+    out += r.error.empty() ? "STARTS: " : "DOES NOT START: ";
+    out += "GPU KV cache size: " + with_commas(r.kv_cache_tokens) + " tokens; maximum concurrency for " + with_commas(r.max_model_len) +
+           " tokens per request: " + fixed(r.max_concurrency, 2) + "x (" + with_commas(r.kv_cache_blocks) + " blocks of " + std::to_string(r.block_size) + ")\n";
+    if (!r.error.empty()) out += "vLLM would stop with: " + r.error + "\n";
+    out += "\n" + render_table(t, f) + "\nassumptions:\n";
+    for (const auto& a : r.assumptions) out += "  - " + a + "\n";
+    return out;
+}
+
+}  // namespace gpumem
