@@ -62,16 +62,15 @@ std::vector<Row> scored() {
 }  // namespace
 
 TEST(Serving, VllmKvPoolAndWeightsAgainstPublicLogs) {
-    // "Available KV cache memory" within 1.5% on one GPU; with tensor or pipeline
-    // parallelism within 4%: the all-reduce's own buffers (NCCL, vLLM's
-    // all-reduce) are modelled as one 256 MiB communicator, and the logs show
-    // about 1.8 GiB more per rank on H100 at tp 2 and 4 (an open gap).
-    // "Model loading took" within 1% everywhere.
+    // "Available KV cache memory" within 1.5% on one GPU and 2% with tensor or
+    // pipeline parallelism (the tensor-parallel buffers outside PyTorch from
+    // vLLM PR #10511's H100 measurement, not from these logs); "Model loading
+    // took" within 1% everywhere.
     const auto rows = scored();
     ASSERT_GE(rows.size(), 6u);
     for (const auto& r : rows) {
         std::cout << r.id << ": KV pool " << r.kv_err << "%, weights " << r.w_err << "%\n";
-        EXPECT_LE(std::fabs(r.kv_err), r.one_gpu ? 1.5 : 4.0) << r.id;
+        EXPECT_LE(std::fabs(r.kv_err), r.one_gpu ? 1.5 : 2.0) << r.id;
         EXPECT_LE(std::fabs(r.w_err), 1.0) << r.id;
     }
 }

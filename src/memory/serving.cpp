@@ -183,7 +183,16 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         inf.parallel.gpus = tp * pp;
         const Job resolved = take(resolve_job(g, inf));
         const ParallelResult par = parallel_memory(g, resolved);
-        const Bytes nccl = tp * pp > 1 ? resolved.layout.cfg.nccl_per_communicator : Bytes(0);
+        // Memory outside PyTorch that tensor parallelism adds during the profile
+        // run (NCCL and vLLM's all-reduce buffers): measured 1.79 GiB per rank on
+        // H100 at tp 2 (vllm-project/vllm PR #10511: non_torch_memory 3.58 GiB
+        // against 1.79 GiB at tp 1); other GPUs and pipeline-only layouts: one
+        // NCCL communicator (gpumem's default, docs/assumptions.md).
+        const bool nvswitch_gen = gpu.arch == "hopper" || gpu.arch == "blackwell";
+        const Bytes nccl = tp > 1 && nvswitch_gen ? MiB(1833) : tp * pp > 1 ? resolved.layout.cfg.nccl_per_communicator : Bytes(0);
+        if (tp > 1)
+            out.assumptions.push_back(nvswitch_gen ? "tensor-parallel buffers outside PyTorch: 1.79 GiB per rank (measured on H100 at tp 2, vLLM PR #10511)"
+                                                   : "tensor-parallel buffers outside PyTorch: one NCCL communicator (not measured on this GPU)");
 
         // The profile run (gpu_model_runner.py profile_run / _dummy_run /
         // _dummy_sampler_run): max_num_batched_tokens tokens through the model
