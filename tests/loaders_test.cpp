@@ -214,6 +214,25 @@ TEST(Presets, CaseInsensitiveAndHfId) {
     EXPECT_EQ(b->source, "preset");
 }
 
+// Instruction-tuned ids (what `vllm serve` commands name) share their base
+// model's config.json architecture (same dims, vocabulary and positions; only
+// generation settings differ), so they resolve to the base preset.
+TEST(Presets, InstructIdsResolveToTheirBase) {
+    const json gt = read_json(kSrc + "/tests/fixtures/groundtruth/param_counts.json");
+    for (const auto& [id, preset] : std::vector<std::pair<std::string, std::string>>{
+             {"meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"},
+             {"meta-llama/Meta-Llama-3.1-8B-Instruct", "llama-3.1-8b"},
+             {"meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b"},
+             {"meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b"}}) {
+        auto g = load_model(id);
+        ASSERT_TRUE(g.ok()) << id << ": " << g.error().message;
+        EXPECT_EQ(g->name, preset) << id;
+        if (gt.contains(preset)) {
+            EXPECT_EQ(g->total_params(), gt[preset]["params"].get<std::int64_t>()) << id;
+        }
+    }
+}
+
 TEST(Presets, UnknownModelSuggestsSimilarNames) {
     auto r = load_model("lama-3-8b");
     ASSERT_FALSE(r.ok());

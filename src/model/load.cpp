@@ -136,6 +136,9 @@ const PresetTable& preset_table() {
             if (index.is_object() && index.contains(info.name) && index[info.name].is_object()) {
                 const auto& e = index[info.name];
                 if (e.contains("hf_id") && e["hf_id"].is_string()) info.hf_id = e["hf_id"].get<std::string>();
+                if (e.contains("same_architecture") && e["same_architecture"].is_array())
+                    for (const auto& id : e["same_architecture"])
+                        if (id.is_string()) info.same_architecture.push_back(id.get<std::string>());
             }
             t.text[info.name] = p.json;
             t.infos.push_back(std::move(info));
@@ -150,8 +153,11 @@ const PresetTable& preset_table() {
 // Case-insensitive preset name or Hugging Face id -> canonical preset name.
 std::optional<std::string> resolve_preset(std::string_view spec) {
     const std::string s = lower(spec);
-    for (const auto& p : preset_table().infos)
+    for (const auto& p : preset_table().infos) {
         if (lower(p.name) == s || (!p.hf_id.empty() && lower(p.hf_id) == s)) return p.name;
+        for (const auto& id : p.same_architecture)
+            if (lower(id) == s) return p.name;
+    }
     return std::nullopt;
 }
 

@@ -29,6 +29,9 @@ struct PresetInfo {
     std::string name;        // "llama-3-8b"
     std::string model_type;  // "llama"
     std::string hf_id;       // "meta-llama/Meta-Llama-3-8B"
+    // Other Hugging Face ids whose config.json has the same architecture
+    // (instruction-tuned variants): they resolve to this preset too.
+    std::vector<std::string> same_architecture;
 };
 
 const std::vector<PresetInfo>& presets();
