@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gpumem/memory/serving.hpp"
+#include "gpumem/plan/serving_time.hpp"
 #include "test_util.hpp"
 
 using namespace gpumem;
@@ -120,4 +121,44 @@ TEST(Serving, OneRequestMustFit) {
         << r.value().error;
     o.max_model_len = 8192;
     EXPECT_TRUE(serving_memory(job, o).value().per_gpu.fits);
+}
+
+// Throughput per concurrency level (plan/serving_time.hpp) and requests of
+// another length. Independent figures: Llama-3.1-8B has 8,030,261,248
+// parameters (model card), so 16,060,522,496 bytes of bf16 weights, and
+// 32 layers x 2 x 8 heads x 128 x 2 B = 131,072 KV bytes per token. One
+// request of 8192 tokens with 256 generated decodes at a mean context of
+// 7936 + 128 tokens; at 80% of the H100's 3,350 GB/s (NVIDIA datasheet) that
+// is 0.8 x 3.35e12 / (16,060,522,496 + 8064 x 131,072) tokens/s.
+TEST(Serving, ThroughputPerConcurrency) {
+    EstimateRequest job;
+    job.gpu = "H100-80GB";
+    ServingOptions o;
+    o.command = {"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "32768"};
+    o.request_len = 8192;
+    const auto m = serving_memory(job, o);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    // vLLM's concurrency rule at another length: blocks / cdiv(8192, 16).
+    EXPECT_DOUBLE_EQ(m.value().concurrency_at_request_len, static_cast<double>(m.value().kv_cache_blocks) / 512.0);
+    EXPECT_EQ(m.value().output_len, 256);
+    const auto r = with_serving_throughput(m.value(), job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const auto& t = r.value().throughput;
+    ASSERT_GE(t.size(), 2u);
+    EXPECT_EQ(t.front().concurrency, 1);
+    EXPECT_EQ(t.back().concurrency, static_cast<std::int64_t>(m.value().concurrency_at_request_len));
+    const double one = 0.8 * 3350e9 / (16060522496.0 + 8064.0 * 131072.0);
+    EXPECT_NEAR(t.front().decode_tokens_per_second, one, one * 0.001);
+    EXPECT_TRUE(t.front().memory_bound);
+    for (std::size_t i = 1; i < t.size(); ++i) {
+        EXPECT_GT(t[i].decode_tokens_per_second, t[i - 1].decode_tokens_per_second) << i;  // more requests, more tokens
+        EXPECT_LT(t[i].tokens_per_second_per_request, t[i - 1].tokens_per_second_per_request) << i;  // each one slower
+        EXPECT_GT(t[i].ttft_seconds, t[i - 1].ttft_seconds) << i;
+    }
+
+    ServingOptions too_long = o;
+    too_long.request_len = 40000;
+    const auto e = serving_memory(job, too_long);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().field, "request-len");
 }

@@ -12,6 +12,7 @@
 #include "gpumem/report/doctor_render.hpp"
 #include "gpumem/report/fit_render.hpp"
 #include "gpumem/report/plan_render.hpp"
+#include "gpumem/plan/serving_time.hpp"
 #include "gpumem/report/serving_render.hpp"
 #include "gpumem/report/snapshot_render.hpp"
 #include "gpumem/report/sweep_render.hpp"
@@ -82,7 +83,7 @@ const std::vector<std::pair<Command, Runner>>& commands() {
              ParamSummary s = summarize_params(g);
              return with(Command::Params, r, ParamsAnswer{std::move(g), std::move(s)});
          }},
-        {Command::Serving, [](const Request& r, const CallOptions&) { return with(Command::Serving, r, take(serving_memory(r.job, r.serving))); }},
+        {Command::Serving, [](const Request& r, const CallOptions&) { return with(Command::Serving, r, take(with_serving_throughput(take(serving_memory(r.job, r.serving)), r.job, r.serving))); }},
         {Command::Fit,
          [](const Request& r, const CallOptions&) {
              FitRequest fr;

@@ -214,6 +214,8 @@ std::vector<Field> build_table() {
         row("block-size", FT::Int, "serving", kServe, AT(serving.block_size), "tokens per KV-cache block (vLLM --block-size)").min(1).computed("16"),
         row("kv-cache-memory", FT::Size, "serving", kServe, AT(serving.kv_cache_memory), "vLLM --kv-cache-memory: the KV budget itself (gpu-memory-utilization is then ignored)").unit("bytes").min(1),
         row("enforce-eager", FT::Bool, "serving", kServe, AT(serving.enforce_eager), "vLLM --enforce-eager: no CUDA graphs"),
+        row("request-len", FT::Int, "serving", kServe, AT(serving.request_len), "tokens per request (prompt and output) the concurrency and throughput are given for").unit("tokens").min(1).computed("max-model-len"),
+        row("output-len", FT::Int, "serving", kServe, AT(serving.output_len), "generated tokens per request, for the throughput").unit("tokens").min(0).computed("min(256, request-len / 2)"),
         row("command", FT::StringList, "serving", kServe, AT(serving.command), "the engine's own command line, after -- on the CLI (e.g. -- vllm serve MODEL --max-model-len 32768)"),
         // ---- layout
         row("gpus", FT::Int, "layout", kJob, AT(job.parallel.gpus), "GPUs in the job (data parallel = gpus / (tp x pp x cp))").min(1),

@@ -245,6 +245,18 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         out.kv_cache_blocks = kv.num_blocks;
         out.kv_cache_tokens = kv.kv_cache_tokens;
         out.max_concurrency = kv.max_concurrency;
+        // Requests of another length: the same count vLLM logs for
+        // max_model_len (blocks / cdiv(len, block_size)), at request_len.
+        out.request_len = o.request_len.value_or(out.max_model_len);
+        check(out.request_len >= 1, "request-len", "--request-len must be a positive number of tokens");
+        check(out.request_len <= out.max_model_len, "request-len",
+              "--request-len " + std::to_string(out.request_len) + " is longer than max_model_len " + std::to_string(out.max_model_len) +
+                  ": the engine rejects such requests; raise --max-model-len or shorten --request-len");
+        out.output_len = o.output_len.value_or(std::min<std::int64_t>(256, out.request_len / 2));
+        check(out.output_len >= 0 && out.output_len < out.request_len, "output-len",
+              "--output-len must be at least 0 and shorter than the request (" + std::to_string(out.request_len) + " tokens)");
+        out.concurrency_at_request_len =
+            static_cast<double>(kv.num_blocks) / static_cast<double>((out.request_len + out.block_size - 1) / out.block_size);
         // The most constrained rank (fewest blocks) is the answer.
         std::size_t worst = 0;
         for (std::size_t s = 0; s < kv.stages.size(); ++s)

@@ -37,6 +37,13 @@ std::string with_commas(std::int64_t n) {
 nlohmann::json serving_to_json(const ServingResult& r) {
     nlohmann::json ranks = nlohmann::json::array();
     for (const auto& p : r.per_rank) ranks.push_back(per_gpu_json(p));
+    nlohmann::json throughput = nlohmann::json::array();
+    for (const auto& t : r.throughput)
+        throughput.push_back({{"concurrency", t.concurrency},
+                              {"ttft_seconds", t.ttft_seconds},
+                              {"decode_tokens_per_second", t.decode_tokens_per_second},
+                              {"tokens_per_second_per_request", t.tokens_per_second_per_request},
+                              {"memory_bound", t.memory_bound}});
     return {{"model", r.model_name},
             {"engine", r.engine},
             {"engine_version", r.engine_version},
@@ -53,6 +60,10 @@ nlohmann::json serving_to_json(const ServingResult& r) {
             {"kv_cache_blocks", r.kv_cache_blocks},
             {"kv_cache_tokens", r.kv_cache_tokens},
             {"max_concurrency", r.max_concurrency},
+            {"request_len", r.request_len},
+            {"output_len", r.output_len},
+            {"concurrency_at_request_len", r.concurrency_at_request_len},
+            {"throughput", throughput},
             {"error", r.error},
             {"assumptions", r.assumptions}};
 }
@@ -78,8 +89,20 @@ std::string render_serving(const ServingResult& r, Format f) {
     out += r.error.empty() ? "STARTS: " : "DOES NOT START: ";
     out += "GPU KV cache size: " + with_commas(r.kv_cache_tokens) + " tokens; maximum concurrency for " + with_commas(r.max_model_len) +
            " tokens per request: " + fixed(r.max_concurrency, 2) + "x (" + with_commas(r.kv_cache_blocks) + " blocks of " + std::to_string(r.block_size) + ")\n";
+    if (r.request_len != r.max_model_len)
+        out += "requests of " + with_commas(r.request_len) + " tokens at once: " + fixed(r.concurrency_at_request_len, 2) + "x\n";
     if (!r.error.empty()) out += "vLLM would stop with: " + r.error + "\n";
-    out += "\n" + render_table(t, f) + "\nassumptions:\n";
+    out += "\n" + render_table(t, f);
+    if (!r.throughput.empty()) {
+        Table th;
+        th.header = {"concurrency", "time to first token", "decode tokens/s", "per request", "bound"};
+        th.right_align = {true, true, true, true, false};
+        for (const auto& x : r.throughput)
+            th.rows.push_back({std::to_string(x.concurrency), fixed(x.ttft_seconds * 1000, 0) + " ms", fixed(x.decode_tokens_per_second, 0),
+                               fixed(x.tokens_per_second_per_request, 1), x.memory_bound ? "bandwidth" : "compute"});
+        out += "\nthroughput (roofline) for requests of " + with_commas(r.request_len) + " tokens, " + with_commas(r.output_len) + " generated:\n" + render_table(th, f);
+    }
+    out += "\nassumptions:\n";
     for (const auto& a : r.assumptions) out += "  - " + a + "\n";
     return out;
 }

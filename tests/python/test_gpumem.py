@@ -113,6 +113,10 @@ def test_serving_matches_cli():
     with pytest.raises(gpumem.GpumemError) as e:
         gpumem.serving("llama-3.1-8b", command=["vllm", "serve", "x", "--bogus", "1"])
     assert e.value.field == "command"
+    # requests of 8k tokens: the count the KV cache holds, and a throughput row per concurrency level
+    t = gpumem.serving("llama-3.1-8b", gpu="H100-80GB", max_model_len=32768, request_len=8192).to_dict()
+    assert t["concurrency_at_request_len"] > t["max_concurrency"]
+    assert t["throughput"][0]["concurrency"] == 1 and t["throughput"][-1]["concurrency"] == int(t["concurrency_at_request_len"])
 
 
 def test_plan_matches_cli():

@@ -843,9 +843,17 @@ class ServingDictPerRankItem(TypedDict, total=False):
     total_device: int
     weights: int
 
+class ServingDictThroughputItem(TypedDict, total=False):
+    concurrency: int
+    decode_tokens_per_second: float
+    memory_bound: bool
+    tokens_per_second_per_request: float
+    ttft_seconds: float
+
 class ServingDict(TypedDict, total=False):
     assumptions: List[str]
     block_size: int
+    concurrency_at_request_len: float
     engine: str
     engine_version: str
     error: str
@@ -858,10 +866,13 @@ class ServingDict(TypedDict, total=False):
     max_num_batched_tokens: int
     max_num_seqs: int
     model: ServingDictModel
+    output_len: int
     per_gpu: ServingDictPerGpu
     per_rank: List[ServingDictPerRankItem]
     pp: int
+    request_len: int
     schema_version: int
+    throughput: List[ServingDictThroughputItem]
     tp: int
 
 class Serving(Result):
@@ -1390,6 +1401,8 @@ def serving(
     block_size: Optional[int] = ...,
     kv_cache_memory: Optional[Union[int, str]] = ...,
     enforce_eager: Optional[bool] = ...,
+    request_len: Optional[int] = ...,
+    output_len: Optional[int] = ...,
     command: Optional[Union[Sequence[str], str]] = ...,
     tp: Optional[int] = ...,
     pp: Optional[int] = ...,

@@ -246,6 +246,8 @@ struct ServingOptions {
     std::optional<std::int64_t> block_size;               // KV block size in tokens (16)
     std::optional<Bytes> kv_cache_memory;                 // vLLM --kv-cache-memory: the KV budget itself
     bool enforce_eager = false;                           // no CUDA graphs
+    std::optional<std::int64_t> request_len;              // tokens per request the concurrency is asked for (max_model_len)
+    std::optional<std::int64_t> output_len;               // generated tokens per request, for the throughput (256)
     std::vector<std::string> command;                     // the engine's own command line (after `--`)
 };
 

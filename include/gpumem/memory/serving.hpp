@@ -41,6 +41,15 @@ struct ServingPerGpu {
     bool fits = false;      // vLLM starts and holds one request of max_model_len
 };
 
+// Decode and prefill speed at one concurrency level (plan/serving_time.hpp).
+struct ServingThroughput {
+    std::int64_t concurrency = 0;          // requests running at once
+    double ttft_seconds = 0;               // their prompts prefilled together (time to first token)
+    double decode_tokens_per_second = 0;   // all running requests together
+    double tokens_per_second_per_request = 0;
+    bool memory_bound = true;              // decode limited by bandwidth (true) or compute
+};
+
 struct ServingResult {
     std::string model_name;
     std::string engine;         // "vllm"
@@ -54,6 +63,10 @@ struct ServingResult {
     std::int64_t kv_cache_blocks = 0;     // "num_gpu_blocks"
     std::int64_t kv_cache_tokens = 0;     // "GPU KV cache size: N tokens"
     double max_concurrency = 0;           // "Maximum concurrency for L tokens per request: x"
+    std::int64_t request_len = 0;         // tokens per request asked about (--request-len, else max_model_len)
+    std::int64_t output_len = 0;          // of which generated (--output-len)
+    double concurrency_at_request_len = 0;  // requests of request_len the KV cache holds at once
+    std::vector<ServingThroughput> throughput;  // per concurrency level (filled by plan/serving_time.hpp)
     std::string error;                    // the error vLLM would stop with ("" when it starts)
     std::vector<std::string> assumptions;
 };

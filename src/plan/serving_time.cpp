@@ -1,0 +1,55 @@
+// Decode throughput and time to first token per concurrency level
+// (gpumem/plan/serving_time.hpp).
+#include "gpumem/plan/serving_time.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gpumem/memory/estimate.hpp"
+#include "gpumem/memory/job.hpp"
+#include "gpumem/model/load.hpp"
+#include "gpumem/plan/compute.hpp"
+
+namespace gpumem {
+
+Result<ServingResult> with_serving_throughput(ServingResult r, const EstimateRequest& job_in, const ServingOptions& o_in) {
+    return capture([&]() -> ServingResult {
+        // The served job as the engine's command line sets it (model, layout, dtypes).
+        EstimateRequest job = job_in;
+        ServingOptions o = o_in;
+        apply_engine_command(o.command, o, job);
+        const std::int64_t cap = std::min<std::int64_t>(r.max_num_seqs, static_cast<std::int64_t>(std::floor(r.concurrency_at_request_len)));
+        if (!r.error.empty() || cap < 1) return r;
+        const ModelGraph g = take(load_model(job.model));
+        std::vector<std::int64_t> levels;
+        for (std::int64_t c = 1; c < cap; c *= 2) levels.push_back(c);
+        levels.push_back(cap);
+        for (const std::int64_t c : levels) {
+            EstimateRequest inf = job;
+            inf.mode = Mode::Infer;
+            inf.batch = c;
+            inf.seq = r.request_len - r.output_len;
+            inf.gen_len = r.output_len;
+            inf.analytic = true;
+            inf.parallel.tp = r.tp;
+            inf.parallel.pp = r.pp;
+            inf.parallel.gpus = r.tp * r.pp;
+            const Job resolved = take(resolve_job(g, inf));
+            const ComputeResult t = take(compute_time(g, resolved, EstimateResult{}, ComputeOptions{}));
+            ServingThroughput row;
+            row.concurrency = c;
+            row.ttft_seconds = t.prefill_seconds;
+            row.decode_tokens_per_second = t.decode_tokens_per_second_total;
+            row.tokens_per_second_per_request = t.decode_tokens_per_second;
+            row.memory_bound = t.decode_memory_bound;
+            r.throughput.push_back(row);
+        }
+        r.assumptions.push_back("throughput (a roofline, gpumem's inference time model): c requests of " + std::to_string(r.request_len) + " tokens (" +
+                                std::to_string(r.output_len) + " generated" + (o.output_len ? "" : ", gpumem's default --output-len") +
+                                ") prefilled together (time to first token), then decoded together reading this rank's weights and their KV "
+                                "cache at the mean context; the engine's scheduler and chunked-prefill interleaving are not modelled");
+        return r;
+    });
+}
+
+}  // namespace gpumem
