@@ -162,3 +162,81 @@ TEST(Serving, ThroughputPerConcurrency) {
     ASSERT_FALSE(e.ok());
     EXPECT_EQ(e.error().field, "request-len");
 }
+
+// SGLang's KV pool from the memory its log prints (docs/research/sglang.md):
+// tokens = floor((after - pre x (1 - mem_fraction_static)) / cell). The cell
+// (K and V of one token on one rank) comes from each model's config.json,
+// written here: layers x max(1, kv_heads / tp) x head_dim x 2 x 2 bytes, or
+// MLA's (kv_lora_rank 512 + rope 64) x layers x 2 bytes. The logged GiB have
+// two decimals, so the check allows 0.3%.
+TEST(Serving, SglangKvTokensFromLoggedMemory) {
+    const std::map<std::string, std::int64_t> cell = {
+        {"meta-llama/Meta-Llama-3.1-8B-Instruct", 32 * 8 * 128 * 4},  // 32 layers, 8 kv heads, head_dim 128
+        {"meta-llama/Llama-3.1-8B-Instruct", 32 * 8 * 128 * 4},
+        {"deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 28 * 4 * 128 * 4},  // Qwen2-7B: 28 layers, 4 kv heads
+        {"Qwen/QwQ-32B", 64 * (8 / 4) * 128 * 4},                      // 64 layers, 8 kv heads over tp 4
+        {"Qwen/Qwen3-0.6B", 28 * 8 * 128 * 4},
+        {"Qwen/Qwen3-14B", 40 * (8 / 4) * 128 * 4},                    // tp 4
+        {"Qwen/Qwen2.5-0.5B-Instruct", 24 * 2 * 64 * 4},               // 2 kv heads of 64
+        {"moonshotai/Kimi-K2.5 (MLA, DeepSeek-V3 arch)", (512 + 64) * 61 * 2},
+    };
+    const auto fx = test::read_json("tests/fixtures/groundtruth/sglang_startup_logs.json");
+    int n = 0;
+    for (const auto& row : fx["logs"]) {
+        const auto it = cell.find(row["model"].get<std::string>());
+        if (it == cell.end() || row["pre_load_gib"].is_null() || row["avail_after_load_gib"].is_null() || row["kv_tokens"].is_null()) continue;
+        const Bytes pre(static_cast<std::int64_t>(row["pre_load_gib"].get<double>() * 1073741824.0));
+        const Bytes after(static_cast<std::int64_t>(row["avail_after_load_gib"].get<double>() * 1073741824.0));
+        const std::int64_t t = sglang_kv_tokens(pre, after, row["mem_fraction_static"].get<double>(), Bytes(it->second), 1);
+        const double logged = row["kv_tokens"].get<double>();
+        EXPECT_LE(std::fabs(static_cast<double>(t) - logged) / logged, 0.003) << row["id"] << ": " << t << " vs " << logged;
+        ++n;
+    }
+    EXPECT_GE(n, 10);
+}
+
+// The whole prediction for SGLang's own docs run (log L01: Llama-3.1-8B on one
+// H100, mem_fraction_static 0.88, context 131072: "#tokens: 444500") and the
+// command line with SGLang's flag names.
+TEST(Serving, SglangLlama31On80GB) {
+    EstimateRequest job;
+    job.gpu = "H100-80GB";
+    ServingOptions o;
+    o.command = {"python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--mem-fraction-static", "0.88",
+                 "--context-length", "131072", "--port", "30000", "--trust-remote-code"};
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r.value().engine, "sglang");
+    EXPECT_NEAR(static_cast<double>(r.value().kv_cache_tokens), 444500.0, 444500.0 * 0.01);
+    EXPECT_TRUE(r.value().per_gpu.fits);
+    // max_running_requests: min(tokens // 2, the request table's clamp(tokens / 131072 x 512, 2048, 4096) = 2048).
+    EXPECT_EQ(r.value().max_num_seqs, 2048);
+    // The request table: int32 [2048, 131072 + 4].
+    EXPECT_EQ(r.value().per_gpu.request_table.count(), 2048LL * (131072 + 4) * 4);
+
+    ServingOptions bad = o;
+    bad.command.push_back("--speculative-algorithm");
+    bad.command.push_back("EAGLE");
+    const auto e = serving_memory(job, bad);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.error().message.find("--speculative-algorithm"), std::string::npos);
+    ServingOptions mixed;
+    mixed.engine = Engine::SGLang;
+    mixed.gpu_memory_utilization = 0.9;
+    job.model = "llama-3.1-8b";
+    const auto m = serving_memory(job, mixed);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.error().field, "gpu-memory-utilization");
+}
+
+// SGLang's default fraction (server_args.py): v0.5.6 reserves 512 + 1.5 x
+// chunked_prefill + 2 x cuda_graph_max_bs + tp x pp / 8 GiB MiB (at least
+// 10 GiB above 60 GiB): an H100 (nvidia-smi 81559 MiB) at tp 1 with chunk 8192
+// and graph batch 256 keeps (81559 - 13440) / 81559 = 0.835; v0.4.6 uses
+// 0.88 / 0.87 / 0.85 by tp on GPUs up to 80 GB.
+TEST(Serving, SglangDefaultMemFraction) {
+    EXPECT_DOUBLE_EQ(sglang_default_mem_fraction("0.5.6", 81559, 1, 1, 8192, 256), 0.835);
+    EXPECT_DOUBLE_EQ(sglang_default_mem_fraction("0.5.6", 81559, 8, 1, 8192, 512), 0.818);  // (81559 - 14848) / 81559
+    EXPECT_DOUBLE_EQ(sglang_default_mem_fraction("0.4.6", 23034, 4, 1, 2048, 80), 0.85);
+    EXPECT_DOUBLE_EQ(sglang_default_mem_fraction("0.4.6", 81559, 1, 1, 8192, 160), 0.88);
+}

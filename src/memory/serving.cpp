@@ -40,17 +40,95 @@ std::int64_t to_int(const std::string& flag, const std::string& v) {
 
 }  // namespace
 
+namespace {
+
+bool is_python(const std::string& a) { return a.rfind("python", 0) == 0; }
+
+// `python -m sglang.launch_server ...` / `sglang serve ...`: SGLang's flag
+// names (server_args.py@7ae368efde14 ServerArgs.add_cli_args).
+void apply_sglang_command(const std::vector<std::string>& argv, std::size_t i, ServingOptions& o, EstimateRequest& job) {
+    o.engine = Engine::SGLang;
+    const auto value = [&](const std::string& flag, const std::string& inline_value) -> std::string {
+        if (!inline_value.empty()) return inline_value;
+        check(i + 1 < argv.size(), "command", "sglang " + flag + " needs a value");
+        return argv[++i];
+    };
+    static const std::vector<std::string> kIgnored = {"--host", "--port", "--served-model-name", "--api-key", "--log-level", "--random-seed",
+                                                      "--tokenizer-path", "--chat-template", "--revision", "--download-dir"};
+    static const std::vector<std::string> kBool = {"--trust-remote-code", "--enable-metrics", "--disable-radix-cache", "--log-requests",
+                                                   "--skip-tokenizer-init"};
+    for (; i < argv.size(); ++i) {
+        std::string a = argv[i], inl;
+        if (a.rfind("--", 0) != 0) fail(ErrorCode::InvalidArgument, "command", "unexpected argument \"" + a + "\" in the sglang command line");
+        if (const auto eq = a.find('='); eq != std::string::npos) {
+            inl = a.substr(eq + 1);
+            a = a.substr(0, eq);
+        }
+        if (a == "--model-path" || a == "--model") {
+            const std::string m = value(a, inl);
+            if (job.model.empty()) job.model = m;
+        } else if (a == "--tp" || a == "--tp-size" || a == "--tensor-parallel-size") {
+            job.parallel.tp = to_int(a, value(a, inl));
+        } else if (a == "--pp" || a == "--pp-size" || a == "--pipeline-parallel-size") {
+            job.parallel.pp = to_int(a, value(a, inl));
+        } else if (a == "--mem-fraction-static") {
+            const std::string v = value(a, inl);
+            char* end = nullptr;
+            const double u = std::strtod(v.c_str(), &end);
+            check(end && *end == '\0' && !v.empty(), "mem-fraction-static", "sglang --mem-fraction-static takes a number (got \"" + v + "\")");
+            o.mem_fraction_static = u;
+        } else if (a == "--context-length") {
+            o.max_model_len = to_int(a, value(a, inl));
+        } else if (a == "--max-total-tokens") {
+            o.max_total_tokens = to_int(a, value(a, inl));
+        } else if (a == "--max-running-requests") {
+            o.max_num_seqs = to_int(a, value(a, inl));
+        } else if (a == "--chunked-prefill-size") {
+            o.max_num_batched_tokens = to_int(a, value(a, inl));
+        } else if (a == "--page-size") {
+            o.block_size = to_int(a, value(a, inl));
+        } else if (a == "--disable-cuda-graph") {
+            o.enforce_eager = true;
+        } else if (a == "--kv-cache-dtype") {
+            const std::string v = value(a, inl);
+            if (v == "fp8_e5m2" || v == "fp8_e4m3") job.kv_dtype = DType::F8_E4M3;
+            else if (v == "bf16" || v == "bfloat16") job.kv_dtype = DType::BF16;
+            else check(v == "auto", "kv-dtype", "sglang --kv-cache-dtype " + v + " is not modelled (auto, fp8_e5m2, fp8_e4m3, bf16)");
+        } else if (a == "--dtype") {
+            const std::string v = value(a, inl);
+            if (v == "bfloat16") job.precision = Precision::BF16;
+            else if (v == "float16" || v == "half") job.precision = Precision::FP16;
+            else if (v == "float32" || v == "float") job.precision = Precision::FP32;
+            else check(v == "auto", "precision", "sglang --dtype " + v + " is not modelled (auto, bfloat16, float16, float32)");
+        } else if (std::find(kBool.begin(), kBool.end(), a) != kBool.end()) {
+        } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
+            if (inl.empty()) ++i;  // its value
+        } else {
+            fail(ErrorCode::InvalidArgument, "command",
+                 "sglang " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--model-path, --tp, --pp, "
+                 "--mem-fraction-static, --context-length, --max-total-tokens, --max-running-requests, --chunked-prefill-size, --page-size, "
+                 "--kv-cache-dtype, --dtype, --disable-cuda-graph)");
+        }
+    }
+}
+
+}  // namespace
+
 void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& o, EstimateRequest& job) {
     if (argv.empty()) return;
     // `vllm serve MODEL ...` or `python -m vllm.entrypoints.openai.api_server --model MODEL ...`
     std::size_t i = 0;
+    if (argv.size() >= 3 && is_python(argv[0]) && argv[1] == "-m" && argv[2].rfind("sglang.launch_server", 0) == 0)
+        return apply_sglang_command(argv, 3, o, job);
+    if (argv.size() >= 2 && argv[0] == "sglang" && argv[1] == "serve") return apply_sglang_command(argv, 2, o, job);
     if (argv.size() >= 2 && argv[0] == "vllm" && argv[1] == "serve") {
         i = 2;
-    } else if (argv.size() >= 3 && argv[0].rfind("python", 0) == 0 && argv[1] == "-m" && argv[2].rfind("vllm.entrypoints", 0) == 0) {
+    } else if (argv.size() >= 3 && is_python(argv[0]) && argv[1] == "-m" && argv[2].rfind("vllm.entrypoints", 0) == 0) {
         i = 3;
     } else {
         fail(ErrorCode::InvalidArgument, "command",
-             "the engine command line must start with `vllm serve` or `python -m vllm.entrypoints.openai.api_server` (got \"" + argv[0] + "\")");
+             "the engine command line must start with `vllm serve`, `python -m vllm.entrypoints.openai.api_server`, "
+             "`python -m sglang.launch_server` or `sglang serve` (got \"" + argv[0] + "\")");
     }
     o.engine = Engine::VLLM;
     const auto value = [&](const std::string& flag, std::string inline_value) -> std::string {
@@ -124,6 +202,205 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
     }
 }
 
+namespace {
+
+// --request-len / --output-len, checked against the engine's max_model_len.
+void set_request_len(ServingResult& out, const ServingOptions& o) {
+    out.request_len = o.request_len.value_or(out.max_model_len);
+    check(out.request_len >= 1, "request-len", "--request-len must be a positive number of tokens");
+    check(out.request_len <= out.max_model_len, "request-len",
+          "--request-len " + std::to_string(out.request_len) + " is longer than the engine's maximum request length " + std::to_string(out.max_model_len) +
+              ": the engine rejects such requests; raise --max-model-len or shorten --request-len");
+    out.output_len = o.output_len.value_or(std::min<std::int64_t>(256, out.request_len / 2));
+    check(out.output_len >= 0 && out.output_len < out.request_len, "output-len",
+          "--output-len must be at least 0 and shorter than the request (" + std::to_string(out.request_len) + " tokens)");
+}
+
+// Weights of each pipeline stage's ranks: gpumem's inference layout (each
+// rank's share of the tensor-parallel weights, the stage's layers).
+ParallelResult served_layout(const ModelGraph& g, const EstimateRequest& job, Precision prec, std::int64_t tp, std::int64_t pp, std::int64_t max_len,
+                             Bytes* nccl_per_communicator) {
+    EstimateRequest inf = job;
+    inf.mode = Mode::Infer;
+    inf.precision = prec;
+    inf.batch = 1;
+    inf.seq = std::min<std::int64_t>(16, max_len);
+    inf.gen_len = 0;
+    inf.analytic = true;
+    inf.parallel.tp = tp;
+    inf.parallel.pp = pp;
+    inf.parallel.gpus = tp * pp;
+    const Job resolved = take(resolve_job(g, inf));
+    *nccl_per_communicator = resolved.layout.cfg.nccl_per_communicator;
+    return parallel_memory(g, resolved);
+}
+
+// Memory outside PyTorch that tensor parallelism adds (NCCL and the engine's
+// all-reduce buffers): measured 1.79 GiB per rank on H100 at tp 2 (vLLM PR
+// #10511: non_torch_memory 3.58 GiB against 1.79 GiB at tp 1); other GPUs and
+// pipeline-only layouts: one NCCL communicator (docs/assumptions.md).
+Bytes tp_buffers(const GpuSpec& gpu, std::int64_t tp, std::int64_t pp, Bytes nccl_per_communicator) {
+    const bool nvswitch_gen = gpu.arch == "hopper" || gpu.arch == "blackwell";
+    return tp > 1 && nvswitch_gen ? MiB(1833) : tp * pp > 1 ? nccl_per_communicator : Bytes(0);
+}
+
+// nvidia-smi's memory.total (MiB), which SGLang's default fraction reads
+// (get_nvgpu_memory_capacity), where public logs show it; else CUDA's total.
+std::int64_t nvidia_smi_mib(const GpuSpec& gpu, Bytes capacity) {
+    static const std::map<std::string, std::int64_t> kSmi = {{"H100-80GB", 81559}, {"A100-80GB", 81920}, {"A100-40GB", 40960},
+                                                             {"H200-141GB", 143771}, {"RTX-4090", 24564}, {"L4-24GB", 23034}};
+    const auto it = kSmi.find(gpu.name);
+    return it != kSmi.end() ? it->second : capacity.count() / (1024 * 1024);
+}
+
+}  // namespace
+
+std::int64_t sglang_kv_tokens(Bytes pre, Bytes after, double mem_fraction_static, Bytes cell, std::int64_t page_size,
+                              std::optional<std::int64_t> max_total_tokens) {
+    const double rest = static_cast<double>(after.count()) - static_cast<double>(pre.count()) * (1.0 - mem_fraction_static);
+    if (rest <= 0 || cell <= Bytes(0)) return 0;
+    std::int64_t tokens = static_cast<std::int64_t>(std::floor(rest / static_cast<double>(cell.count())));
+    if (max_total_tokens) tokens = std::min(tokens, *max_total_tokens);
+    const std::int64_t page = std::max<std::int64_t>(1, page_size);
+    return tokens / page * page;
+}
+
+double sglang_default_mem_fraction(const std::string& version, std::int64_t gpu_mem_mib, std::int64_t tp, std::int64_t pp,
+                                   std::int64_t chunked_prefill_size, std::int64_t cuda_graph_max_bs) {
+    if (version == "0.4.6") {
+        // v0.4.6.post1 server_args.py L221-238: a ladder by tp on GPUs up to
+        // 80 GB, else 13 GiB reserved.
+        if (gpu_mem_mib > 81920) return static_cast<double>(gpu_mem_mib - 13 * 1024) / static_cast<double>(gpu_mem_mib);
+        return tp >= 16 ? 0.79 : tp >= 8 ? 0.81 : tp >= 4 ? 0.85 : tp >= 2 ? 0.87 : 0.88;
+    }
+    // v0.5.6 server_args.py L701-867: reserved MiB = 512 + 1.5 x max(chunked
+    // prefill, 2048) + 2 x cuda_graph_max_bs + tp x pp / 8 GiB, at least 10 GiB
+    // on GPUs above 60 GiB; fraction rounded to 3 decimals.
+    double reserved = 512.0 + 1.5 * static_cast<double>(std::max<std::int64_t>(chunked_prefill_size, 2048)) + 2.0 * static_cast<double>(cuda_graph_max_bs) +
+                      static_cast<double>(tp * pp) / 8.0 * 1024.0;
+    if (gpu_mem_mib > 60 * 1024) reserved = std::max(reserved, 10240.0);
+    return std::round((static_cast<double>(gpu_mem_mib) - reserved) / static_cast<double>(gpu_mem_mib) * 1000.0) / 1000.0;
+}
+
+namespace {
+
+// SGLang (docs/research/sglang.md; v0.5.6 = 7ae368efde14): the KV pool is what
+// is left of mem_fraction_static x the free memory before the weights load;
+// the rest of that free memory is slack for the request table, CUDA graphs
+// and activations.
+ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
+    const TransformerDims& d = *g.transformer;
+    ServingResult out;
+    out.model_name = g.name;
+    out.engine = to_string(o.engine);
+    const std::string version = o.engine_version.value_or("0.5.6");
+    check(version == "0.5.6" || version == "0.4.6", "engine-version",
+          "SGLang " + version + " is not modelled: gpumem serving knows SGLang 0.5.6 (the default) and 0.4.6 (their default fractions and sizes)");
+    out.engine_version = version;
+    const std::int64_t tp = std::max<std::int64_t>(1, job.parallel.tp), pp = std::max<std::int64_t>(1, job.parallel.pp);
+    out.tp = tp;
+    out.pp = pp;
+    const GpuSpec gpu = take(find_gpu(job.gpu));
+    out.gpu = gpu.name;
+    const Bytes capacity = job.gpu_memory.value_or(gpu.memory);
+    const std::int64_t smi = nvidia_smi_mib(gpu, capacity);
+    check(!o.gpu_memory_utilization, "gpu-memory-utilization", "--gpu-memory-utilization is vLLM's; SGLang's is --mem-fraction-static");
+    // Defaults by GPU memory (server_args.py, v0.5.6 L725-807; v0.4.6 L241-272).
+    const std::int64_t gib = smi / 1024;
+    const std::int64_t chunk_default = version == "0.4.6" ? (smi < 25000 ? 2048 : 8192)
+                                                          : gib < 35 ? 2048 : gib < 60 ? 4096 : gib < 160 ? 8192 : 16384;
+    const std::int64_t graph_bs = version == "0.4.6" ? (smi < 25000 ? (tp < 4 ? 8 : 80) : smi > 81920 ? 256 : 160)
+                                                     : gib < 20 ? 8 : gib < 35 ? (tp < 4 ? 24 : 80) : gib < 60 ? (tp < 4 ? 32 : 160) : gib < 160 ? (tp < 4 ? 256 : 512) : 512;
+    out.max_num_batched_tokens = o.max_num_batched_tokens.value_or(chunk_default);
+    out.block_size = o.block_size.value_or(1);
+    out.max_model_len = o.max_model_len.value_or(g.max_positions > 0 ? g.max_positions : 2048);
+    check(out.max_model_len >= 1, "max-model-len", "--context-length must be a positive integer");
+    check(out.block_size >= 1, "block-size", "--page-size must be a positive integer");
+    const double mfs = o.mem_fraction_static.value_or(sglang_default_mem_fraction(version, smi, tp, pp, out.max_num_batched_tokens, graph_bs));
+    check(mfs > 0.0 && mfs < 1.0, "mem-fraction-static", "--mem-fraction-static must be in (0, 1)");
+    out.mem_fraction_static = mfs;
+    const Precision prec = job.precision.value_or(Precision::BF16);
+    check(prec == Precision::BF16 || prec == Precision::FP16 || prec == Precision::FP32, "precision",
+          "serving runs the weights in bf16, fp16 or fp32 (--precision bf16|fp16|fp32)");
+    const DType model_dt = prec == Precision::FP32 ? DType::F32 : prec == Precision::FP16 ? DType::F16 : DType::BF16;
+    const DType kv_dt = job.kv_dtype.value_or(model_dt);
+
+    Bytes nccl_comm;
+    const ParallelResult par = served_layout(g, job, prec, tp, pp, out.max_model_len, &nccl_comm);
+    const Bytes nccl = tp_buffers(gpu, tp, pp, nccl_comm);
+    const Bytes context = job.cuda_context.value_or(gpu.cuda_context);
+    // Free memory before the weights load: what the context and the
+    // communicators leave (SGLang takes the minimum over ranks).
+    const Bytes pre = capacity > context + nccl ? capacity - context - nccl : Bytes(0);
+    const std::vector<std::int64_t> stage_layers = vllm_pp_layers(d.layers, pp);
+    std::int64_t tokens = -1;
+    std::vector<Bytes> cells;
+    for (std::size_t s = 0; s < par.stages.size(); ++s) {
+        const std::int64_t layers = s < stage_layers.size() ? stage_layers[s] : d.layers;
+        // One token's K and V on this rank (model_runner.py L1384-1437): MLA
+        // keeps one latent per layer, unsplit; otherwise kv heads // tp (at least one).
+        const std::int64_t per_layer = d.latent_kv ? d.kv_elements_per_token / std::max<std::int64_t>(1, d.layers)
+                                                   : 2 * std::max<std::int64_t>(1, d.kv_heads / tp) * d.head_dim;
+        const Bytes cell = dtype_bytes(kv_dt, checked_mul(per_layer, layers));
+        cells.push_back(cell);
+        const Bytes after = pre > par.stages[s].weights ? pre - par.stages[s].weights : Bytes(0);
+        const std::int64_t t = sglang_kv_tokens(pre, after, mfs, cell, out.block_size, o.max_total_tokens);
+        tokens = tokens < 0 ? t : std::min(tokens, t);
+    }
+    tokens = std::max<std::int64_t>(0, tokens);
+    // The request table (ReqToTokenPool: int32 [reqs, context + 4]), sized
+    // after the KV pool from the slack (L1676-1685).
+    const std::int64_t reqs = o.max_num_seqs.value_or(std::clamp<std::int64_t>(static_cast<std::int64_t>(
+                                                                                    static_cast<double>(tokens) / static_cast<double>(out.max_model_len) * 512.0),
+                                                                                2048, 4096));
+    out.max_num_seqs = std::min(o.max_num_seqs.value_or(tokens / 2), reqs);
+    const Bytes request_table = Bytes(checked_mul(checked_mul(reqs, out.max_model_len + 4), 4));
+    const std::int64_t I = (d.intermediate + tp - 1) / tp;
+    const Bytes forward_peak = dtype_bytes(model_dt, checked_mul(out.max_num_batched_tokens, 2 * d.hidden + 3 * I));
+    std::vector<ServingPerGpu> ranks;
+    for (std::size_t s = 0; s < par.stages.size(); ++s) {
+        ServingPerGpu r;
+        r.weights = par.stages[s].weights;
+        r.non_torch = nccl;
+        r.cuda_context = context;
+        r.capacity = capacity;
+        r.requested = Bytes(static_cast<std::int64_t>(static_cast<double>(pre.count()) * mfs));
+        r.kv_cache = tokens > 0 ? Bytes(checked_mul(tokens + out.block_size, cells[s].count())) : Bytes(0);
+        r.request_table = request_table;
+        r.activation_peak = forward_peak;
+        r.cuda_graph = o.enforce_eager ? Bytes(0) : dtype_bytes(model_dt, checked_mul(graph_bs, 2 * d.hidden + 3 * I));
+        r.total_device = r.cuda_context + r.non_torch + r.weights + r.kv_cache + r.request_table + r.activation_peak + r.cuda_graph;
+        ranks.push_back(r);
+    }
+    out.kv_cache_tokens = tokens;
+    out.kv_cache_blocks = tokens / out.block_size;
+    out.max_concurrency = static_cast<double>(tokens) / static_cast<double>(out.max_model_len);
+    set_request_len(out, o);
+    out.concurrency_at_request_len = static_cast<double>(tokens) / static_cast<double>(out.request_len);
+    if (tokens <= 0) out.error = "Not enough memory. Please try to increase --mem-fraction-static.";
+    std::size_t worst = 0;
+    for (std::size_t s = 0; s < ranks.size(); ++s) {
+        ranks[s].fits = out.error.empty() && ranks[s].total_device <= capacity;
+        if (ranks[s].total_device > ranks[worst].total_device) worst = s;
+    }
+    out.per_rank = ranks;
+    out.per_gpu = ranks[worst];
+    char frac[32];
+    std::snprintf(frac, sizeof frac, "%.3f", mfs);
+    out.assumptions.push_back("SGLang " + version + ": KV pool = mem_fraction_static x free memory before the weights load - weights, in tokens of " +
+                              std::to_string(cells.empty() ? 0 : cells.front().count()) + " bytes, rounded down to the page (" +
+                              std::to_string(out.block_size) + "); the request table, CUDA graphs and activations use the rest (docs/research/sglang.md)");
+    out.assumptions.push_back(std::string("mem_fraction_static ") + frac +
+                              (o.mem_fraction_static ? "" : " (SGLang " + version + "'s default for " + std::to_string(smi) + " MiB, tp x pp " + std::to_string(tp * pp) + ")") +
+                              ", chunked_prefill_size " + std::to_string(out.max_num_batched_tokens) + ", cuda_graph_max_bs " + std::to_string(graph_bs));
+    out.assumptions.push_back("activations (an estimate): one chunk of " + std::to_string(out.max_num_batched_tokens) +
+                              " tokens through one layer's MLP; CUDA graphs (an estimate): the largest captured batch's MLP working set");
+    if (tp > 1) out.assumptions.push_back("tensor-parallel buffers outside PyTorch: as vLLM's (1.79 GiB per rank on H100-class GPUs, PR #10511), not measured for SGLang");
+    return out;
+}
+
+}  // namespace
+
 Result<ServingResult> serving_memory(const EstimateRequest& job_in, const ServingOptions& o_in) {
     return capture([&]() -> ServingResult {
         EstimateRequest job = job_in;
@@ -133,10 +410,18 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         const ModelGraph g = take(load_model(job.model));
         check(g.transformer.has_value(), "model", "serving needs a transformer model (its layers, heads and vocabulary)");
         const TransformerDims& d = *g.transformer;
+        if (o.engine == Engine::SGLang) return sglang_memory(g, job, o);
         ServingResult out;
         out.model_name = g.name;
         out.engine = to_string(o.engine);
+        if (o.engine_version) {
+            check(*o.engine_version == "0.19" || *o.engine_version == "v1" || *o.engine_version == "V1", "engine-version",
+                  "vLLM " + *o.engine_version + " is not modelled: gpumem serving follows vLLM 0.19 (V1); the V0 engine's budget "
+                  "(its profile run with attention and the CPU swap space) is not modelled yet");
+        }
         out.engine_version = "0.19 (V1)";
+        check(!o.mem_fraction_static, "mem-fraction-static", "--mem-fraction-static is SGLang's; vLLM's is --gpu-memory-utilization");
+        check(!o.max_total_tokens, "max-total-tokens", "--max-total-tokens is SGLang's; with vLLM use --kv-cache-memory or --gpu-memory-utilization");
         const std::int64_t tp = std::max<std::int64_t>(1, job.parallel.tp), pp = std::max<std::int64_t>(1, job.parallel.pp);
         out.tp = tp;
         out.pp = pp;
@@ -169,27 +454,10 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
                                   (o.max_num_seqs || o.max_num_batched_tokens ? "" : big ? " (vLLM's serve defaults on >= 70 GiB GPUs but A100)" : " (vLLM's serve defaults)") +
                                   ", block_size " + std::to_string(out.block_size) + (o.block_size ? "" : " (vLLM's CUDA default)"));
 
-        // Weights per rank: gpumem's inference layout (each rank's share of the
-        // tensor-parallel weights, pipeline stages' layers).
-        EstimateRequest inf = job;
-        inf.mode = Mode::Infer;
-        inf.precision = prec;
-        inf.batch = 1;
-        inf.seq = std::min<std::int64_t>(16, out.max_model_len);
-        inf.gen_len = 0;
-        inf.analytic = true;
-        inf.parallel.tp = tp;
-        inf.parallel.pp = pp;
-        inf.parallel.gpus = tp * pp;
-        const Job resolved = take(resolve_job(g, inf));
-        const ParallelResult par = parallel_memory(g, resolved);
-        // Memory outside PyTorch that tensor parallelism adds during the profile
-        // run (NCCL and vLLM's all-reduce buffers): measured 1.79 GiB per rank on
-        // H100 at tp 2 (vllm-project/vllm PR #10511: non_torch_memory 3.58 GiB
-        // against 1.79 GiB at tp 1); other GPUs and pipeline-only layouts: one
-        // NCCL communicator (gpumem's default, docs/assumptions.md).
+        Bytes nccl_comm;
+        const ParallelResult par = served_layout(g, job, prec, tp, pp, out.max_model_len, &nccl_comm);
+        const Bytes nccl = tp_buffers(gpu, tp, pp, nccl_comm);
         const bool nvswitch_gen = gpu.arch == "hopper" || gpu.arch == "blackwell";
-        const Bytes nccl = tp > 1 && nvswitch_gen ? MiB(1833) : tp * pp > 1 ? resolved.layout.cfg.nccl_per_communicator : Bytes(0);
         if (tp > 1)
             out.assumptions.push_back(nvswitch_gen ? "tensor-parallel buffers outside PyTorch: 1.79 GiB per rank (measured on H100 at tp 2, vLLM PR #10511)"
                                                    : "tensor-parallel buffers outside PyTorch: one NCCL communicator (not measured on this GPU)");
@@ -245,16 +513,9 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         out.kv_cache_blocks = kv.num_blocks;
         out.kv_cache_tokens = kv.kv_cache_tokens;
         out.max_concurrency = kv.max_concurrency;
-        // Requests of another length: the same count vLLM logs for
-        // max_model_len (blocks / cdiv(len, block_size)), at request_len.
-        out.request_len = o.request_len.value_or(out.max_model_len);
-        check(out.request_len >= 1, "request-len", "--request-len must be a positive number of tokens");
-        check(out.request_len <= out.max_model_len, "request-len",
-              "--request-len " + std::to_string(out.request_len) + " is longer than max_model_len " + std::to_string(out.max_model_len) +
-                  ": the engine rejects such requests; raise --max-model-len or shorten --request-len");
-        out.output_len = o.output_len.value_or(std::min<std::int64_t>(256, out.request_len / 2));
-        check(out.output_len >= 0 && out.output_len < out.request_len, "output-len",
-              "--output-len must be at least 0 and shorter than the request (" + std::to_string(out.request_len) + " tokens)");
+        set_request_len(out, o);
+        // Requests of another length: the count vLLM logs for max_model_len
+        // (blocks / cdiv(len, block_size)), at request_len.
         out.concurrency_at_request_len =
             static_cast<double>(kv.num_blocks) / static_cast<double>((out.request_len + out.block_size - 1) / out.block_size);
         // The most constrained rank (fewest blocks) is the answer.

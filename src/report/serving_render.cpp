@@ -10,7 +10,7 @@ namespace {
 
 nlohmann::json per_gpu_json(const ServingPerGpu& p) {
     return {{"weights", p.weights.count()},       {"activation_peak", p.activation_peak.count()}, {"non_torch", p.non_torch.count()},
-            {"kv_cache", p.kv_cache.count()},     {"cuda_graph", p.cuda_graph.count()},           {"cuda_context", p.cuda_context.count()},
+            {"kv_cache", p.kv_cache.count()},     {"request_table", p.request_table.count()}, {"cuda_graph", p.cuda_graph.count()},           {"cuda_context", p.cuda_context.count()},
             {"total_device", p.total_device.count()}, {"requested", p.requested.count()},         {"capacity", p.capacity.count()},
             {"fits", p.fits}};
 }
@@ -55,6 +55,7 @@ nlohmann::json serving_to_json(const ServingResult& r) {
             {"max_num_batched_tokens", r.max_num_batched_tokens},
             {"block_size", r.block_size},
             {"gpu_memory_utilization", r.gpu_memory_utilization},
+            {"mem_fraction_static", r.mem_fraction_static},
             {"per_gpu", per_gpu_json(r.per_gpu)},
             {"per_rank", ranks},
             {"kv_cache_blocks", r.kv_cache_blocks},
@@ -75,23 +76,29 @@ std::string render_serving(const ServingResult& r, Format f) {
     t.header = {"part", "bytes", "size", "detail"};
     t.right_align = {false, true, true, false};
     const auto add = [&](const std::string& k, Bytes b, const std::string& d) { t.rows.push_back({k, std::to_string(b.count()), format_bytes(b), d}); };
-    add("weights", p.weights, "this rank's share (\"Model loading took\")");
-    add("activation_peak", p.activation_peak, "the profile run's peak (estimate)");
-    add("non_torch", p.non_torch, p.non_torch > Bytes(0) ? "NCCL communicator" : "-");
-    add("kv_cache", p.kv_cache, "\"Available KV cache memory\"");
-    add("cuda_graph", p.cuda_graph, "captured after the KV cache (estimate)");
+    const bool sglang = r.engine == "sglang";
+    add("weights", p.weights, sglang ? "this rank's share (\"Load weight end ... mem usage\")" : "this rank's share (\"Model loading took\")");
+    add("activation_peak", p.activation_peak, sglang ? "one prefill chunk (estimate)" : "the profile run's peak (estimate)");
+    add("non_torch", p.non_torch, p.non_torch > Bytes(0) ? "NCCL and all-reduce buffers" : "-");
+    add("kv_cache", p.kv_cache, sglang ? "\"KV Cache is allocated\" (K + V)" : "\"Available KV cache memory\"");
+    if (sglang) add("request_table", p.request_table, "request-to-token table, from the slack");
+    add("cuda_graph", p.cuda_graph, sglang ? "captured after the KV cache (estimate)" : "captured after the KV cache (estimate)");
     add("cuda_context", p.cuda_context, "before the engine's budget");
     add("total_device", p.total_device, "nvidia-smi");
-    add("requested", p.requested, "gpu_memory_utilization x total");
+    add("requested", p.requested, sglang ? "mem_fraction_static x free memory before loading" : "gpu_memory_utilization x total");
     add("capacity", p.capacity, "the device's total as CUDA reports it");
     if (f == Format::Csv || f == Format::Markdown) return render_table(t, f);
     std::string out = r.model_name + " served by " + r.engine + " " + r.engine_version + " on " + r.gpu + (r.tp * r.pp > 1 ? " (tp " + std::to_string(r.tp) + ", pp " + std::to_string(r.pp) + ")" : "") + "\n";
     out += r.error.empty() ? "STARTS: " : "DOES NOT START: ";
-    out += "GPU KV cache size: " + with_commas(r.kv_cache_tokens) + " tokens; maximum concurrency for " + with_commas(r.max_model_len) +
-           " tokens per request: " + fixed(r.max_concurrency, 2) + "x (" + with_commas(r.kv_cache_blocks) + " blocks of " + std::to_string(r.block_size) + ")\n";
+    if (sglang)
+        out += "KV Cache is allocated. #tokens: " + with_commas(r.kv_cache_tokens) + "; max_running_requests " + std::to_string(r.max_num_seqs) + "; requests of " +
+               with_commas(r.max_model_len) + " tokens (context_len) at once: " + fixed(r.max_concurrency, 2) + "x\n";
+    else
+        out += "GPU KV cache size: " + with_commas(r.kv_cache_tokens) + " tokens; maximum concurrency for " + with_commas(r.max_model_len) +
+               " tokens per request: " + fixed(r.max_concurrency, 2) + "x (" + with_commas(r.kv_cache_blocks) + " blocks of " + std::to_string(r.block_size) + ")\n";
     if (r.request_len != r.max_model_len)
         out += "requests of " + with_commas(r.request_len) + " tokens at once: " + fixed(r.concurrency_at_request_len, 2) + "x\n";
-    if (!r.error.empty()) out += "vLLM would stop with: " + r.error + "\n";
+    if (!r.error.empty()) out += std::string(sglang ? "SGLang" : "vLLM") + " would stop with: " + r.error + "\n";
     out += "\n" + render_table(t, f);
     if (!r.throughput.empty()) {
         Table th;

@@ -113,6 +113,10 @@ def test_serving_matches_cli():
     with pytest.raises(gpumem.GpumemError) as e:
         gpumem.serving("llama-3.1-8b", command=["vllm", "serve", "x", "--bogus", "1"])
     assert e.value.field == "command"
+    # SGLang: its own fraction and flag names
+    g = gpumem.serving("llama-3.1-8b", gpu="H100-80GB", engine="sglang", mem_fraction_static=0.88, max_model_len=131072)
+    assert g.to_dict() == cli_json("serving", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "sglang", "--mem-fraction-static", 0.88, "--max-model-len", 131072)
+    assert g.to_dict()["engine"] == "sglang" and g.to_dict()["kv_cache_tokens"] > 400000
     # requests of 8k tokens: the count the KV cache holds, and a throughput row per concurrency level
     t = gpumem.serving("llama-3.1-8b", gpu="H100-80GB", max_model_len=32768, request_len=8192).to_dict()
     assert t["concurrency_at_request_len"] > t["max_concurrency"]

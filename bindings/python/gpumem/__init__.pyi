@@ -827,6 +827,7 @@ class ServingDictPerGpu(TypedDict, total=False):
     fits: bool
     kv_cache: int
     non_torch: int
+    request_table: int
     requested: int
     total_device: int
     weights: int
@@ -839,6 +840,7 @@ class ServingDictPerRankItem(TypedDict, total=False):
     fits: bool
     kv_cache: int
     non_torch: int
+    request_table: int
     requested: int
     total_device: int
     weights: int
@@ -865,6 +867,7 @@ class ServingDict(TypedDict, total=False):
     max_model_len: int
     max_num_batched_tokens: int
     max_num_seqs: int
+    mem_fraction_static: float
     model: ServingDictModel
     output_len: int
     per_gpu: ServingDictPerGpu
@@ -1393,7 +1396,7 @@ def serving(
     params: Optional[Union[int, str]] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    engine: Optional[Literal['vllm']] = ...,
+    engine: Optional[Literal['vllm', 'sglang']] = ...,
     gpu_memory_utilization: Optional[float] = ...,
     max_model_len: Optional[int] = ...,
     max_num_seqs: Optional[int] = ...,
@@ -1401,6 +1404,9 @@ def serving(
     block_size: Optional[int] = ...,
     kv_cache_memory: Optional[Union[int, str]] = ...,
     enforce_eager: Optional[bool] = ...,
+    mem_fraction_static: Optional[float] = ...,
+    max_total_tokens: Optional[int] = ...,
+    engine_version: Optional[str] = ...,
     request_len: Optional[int] = ...,
     output_len: Optional[int] = ...,
     command: Optional[Union[Sequence[str], str]] = ...,

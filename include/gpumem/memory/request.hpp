@@ -235,7 +235,7 @@ struct PlanRequest {
 
 // Serving engines (gpumem serving, memory/serving.hpp): the engine and its
 // own start-up settings, each defaulting to the engine's documented default.
-enum class Engine { VLLM };
+enum class Engine { VLLM, SGLang };
 const char* to_string(Engine);
 struct ServingOptions {
     Engine engine = Engine::VLLM;
@@ -246,6 +246,9 @@ struct ServingOptions {
     std::optional<std::int64_t> block_size;               // KV block size in tokens (16)
     std::optional<Bytes> kv_cache_memory;                 // vLLM --kv-cache-memory: the KV budget itself
     bool enforce_eager = false;                           // no CUDA graphs
+    std::optional<double> mem_fraction_static;            // SGLang --mem-fraction-static (its default rule by GPU and layout)
+    std::optional<std::int64_t> max_total_tokens;         // SGLang --max-total-tokens: caps the KV pool
+    std::optional<std::string> engine_version;            // whose defaults apply (vLLM "0.19"; SGLang "0.5.6" or "0.4.6")
     std::optional<std::int64_t> request_len;              // tokens per request the concurrency is asked for (max_model_len)
     std::optional<std::int64_t> output_len;               // generated tokens per request, for the throughput (256)
     std::vector<std::string> command;                     // the engine's own command line (after `--`)

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ struct ServingPerGpu {
     Bytes activation_peak;  // the profile run's transient peak (forward + sampler)
     Bytes non_torch;        // memory outside PyTorch's allocator the budget counts (NCCL with tp/pp > 1)
     Bytes kv_cache;         // the KV pool ("Available KV cache memory")
+    Bytes request_table;    // SGLang's request-to-token table (int32 [requests, context + 4]); 0 for vLLM
     Bytes cuda_graph;       // CUDA graphs captured after the KV cache (outside the budget in 0.19)
     Bytes cuda_context;     // the context, before vLLM's first memory snapshot (outside the budget)
     Bytes total_device;     // nvidia-smi: context + budget + graphs
@@ -57,7 +59,8 @@ struct ServingResult {
     std::string gpu;
     std::int64_t tp = 1, pp = 1;
     std::int64_t max_model_len = 0, max_num_seqs = 0, max_num_batched_tokens = 0, block_size = 0;
-    double gpu_memory_utilization = 0;
+    double gpu_memory_utilization = 0;  // vLLM's budget fraction (0 for SGLang)
+    double mem_fraction_static = 0;     // SGLang's static fraction (0 for vLLM)
     ServingPerGpu per_gpu;      // the rank with the fewest KV blocks (every rank keeps that many)
     std::vector<ServingPerGpu> per_rank;  // one per pipeline stage (tensor-parallel ranks are alike)
     std::int64_t kv_cache_blocks = 0;     // "num_gpu_blocks"
@@ -70,6 +73,21 @@ struct ServingResult {
     std::string error;                    // the error vLLM would stop with ("" when it starts)
     std::vector<std::string> assumptions;
 };
+
+// SGLang's KV pool from the memory it measures (model_runner.py
+// profile_max_num_token, v0.5.6 7ae368efde14 L1367-1448, and
+// init_memory_pool L1719-1742): free memory before the weights load `pre`
+// (min over ranks), after them `after`; rest = after - pre x (1 -
+// mem_fraction_static); tokens = floor(rest / cell), capped by
+// --max-total-tokens, rounded down to the page size. 0 when nothing is left.
+std::int64_t sglang_kv_tokens(Bytes pre, Bytes after, double mem_fraction_static, Bytes cell, std::int64_t page_size,
+                              std::optional<std::int64_t> max_total_tokens = std::nullopt);
+// SGLang's default --mem-fraction-static (server_args.py
+// _handle_gpu_memory_settings: v0.5.6 L701-867; v0.4.6.post1 L221-238) for a
+// GPU of `gpu_mem_mib` (nvidia-smi memory.total), tp x pp, chunked-prefill
+// size and CUDA-graph batch.
+double sglang_default_mem_fraction(const std::string& version, std::int64_t gpu_mem_mib, std::int64_t tp, std::int64_t pp,
+                                   std::int64_t chunked_prefill_size, std::int64_t cuda_graph_max_bs);
 
 // The engine's own command line (`vllm serve MODEL --flag value ...`) onto the
 // options and the job (model, tp, pp, dtype, kv-cache dtype); flags it does
