@@ -38,6 +38,22 @@ std::int64_t to_int(const std::string& flag, const std::string& v) {
     return n;
 }
 
+// A fraction flag's value (`--gpu-memory-utilization 0.9`).
+double to_fraction(const std::string& engine, const std::string& flag, const char* field, const std::string& v) {
+    char* end = nullptr;
+    const double u = std::strtod(v.c_str(), &end);
+    check(end && *end == '\0' && !v.empty(), field, engine + " " + flag + " takes a number (got \"" + v + "\")");
+    return u;
+}
+
+// `--dtype`: both engines take auto, bfloat16, float16/half, float32/float.
+void apply_model_dtype(const std::string& engine, const std::string& v, EstimateRequest& job) {
+    if (v == "bfloat16") job.precision = Precision::BF16;
+    else if (v == "float16" || v == "half") job.precision = Precision::FP16;
+    else if (v == "float32" || v == "float") job.precision = Precision::FP32;
+    else check(v == "auto", "precision", engine + " --dtype " + v + " is not modelled (auto, bfloat16, float16, float32)");
+}
+
 }  // namespace
 
 namespace {
@@ -72,11 +88,7 @@ void apply_sglang_command(const std::vector<std::string>& argv, std::size_t i, S
         } else if (a == "--pp" || a == "--pp-size" || a == "--pipeline-parallel-size") {
             job.parallel.pp = to_int(a, value(a, inl));
         } else if (a == "--mem-fraction-static") {
-            const std::string v = value(a, inl);
-            char* end = nullptr;
-            const double u = std::strtod(v.c_str(), &end);
-            check(end && *end == '\0' && !v.empty(), "mem-fraction-static", "sglang --mem-fraction-static takes a number (got \"" + v + "\")");
-            o.mem_fraction_static = u;
+            o.mem_fraction_static = to_fraction("sglang", a, "mem-fraction-static", value(a, inl));
         } else if (a == "--context-length") {
             o.max_model_len = to_int(a, value(a, inl));
         } else if (a == "--max-total-tokens") {
@@ -95,11 +107,7 @@ void apply_sglang_command(const std::vector<std::string>& argv, std::size_t i, S
             else if (v == "bf16" || v == "bfloat16") job.kv_dtype = DType::BF16;
             else check(v == "auto", "kv-dtype", "sglang --kv-cache-dtype " + v + " is not modelled (auto, fp8_e5m2, fp8_e4m3, bf16)");
         } else if (a == "--dtype") {
-            const std::string v = value(a, inl);
-            if (v == "bfloat16") job.precision = Precision::BF16;
-            else if (v == "float16" || v == "half") job.precision = Precision::FP16;
-            else if (v == "float32" || v == "float") job.precision = Precision::FP32;
-            else check(v == "auto", "precision", "sglang --dtype " + v + " is not modelled (auto, bfloat16, float16, float32)");
+            apply_model_dtype("sglang", value(a, inl), job);
         } else if (std::find(kBool.begin(), kBool.end(), a) != kBool.end()) {
         } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
             if (inl.empty()) ++i;  // its value
@@ -164,11 +172,7 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
         } else if (a == "--pipeline-parallel-size" || a == "-pp") {
             job.parallel.pp = to_int(a, value(a, inl));
         } else if (a == "--gpu-memory-utilization") {
-            const std::string v = value(a, inl);
-            char* end = nullptr;
-            const double u = std::strtod(v.c_str(), &end);
-            check(end && *end == '\0' && !v.empty(), "gpu-memory-utilization", "vllm --gpu-memory-utilization takes a number (got \"" + v + "\")");
-            o.gpu_memory_utilization = u;
+            o.gpu_memory_utilization = to_fraction("vllm", a, "gpu-memory-utilization", value(a, inl));
         } else if (a == "--max-num-seqs") {
             o.max_num_seqs = to_int(a, value(a, inl));
         } else if (a == "--max-num-batched-tokens") {
@@ -186,11 +190,7 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
             else if (v == "float16" || v == "half") job.kv_dtype = DType::F16;
             else check(v == "auto", "kv-dtype", "vllm --kv-cache-dtype " + v + " is not modelled (auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16)");
         } else if (a == "--dtype") {
-            const std::string v = value(a, inl);
-            if (v == "bfloat16") job.precision = Precision::BF16;
-            else if (v == "float16" || v == "half") job.precision = Precision::FP16;
-            else if (v == "float32" || v == "float") job.precision = Precision::FP32;
-            else check(v == "auto", "precision", "vllm --dtype " + v + " is not modelled (auto, bfloat16, float16, float32)");
+            apply_model_dtype("vllm", value(a, inl), job);
         } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
             if (inl.empty() && std::find(kBoolIgnored.begin(), kBoolIgnored.end(), a) == kBoolIgnored.end()) ++i;  // its value
         } else {
