@@ -141,7 +141,7 @@ TEST(Serving, ThroughputPerConcurrency) {
     // vLLM's concurrency rule at another length: blocks / cdiv(8192, 16).
     EXPECT_DOUBLE_EQ(m.value().concurrency_at_request_len, static_cast<double>(m.value().kv_cache_blocks) / 512.0);
     EXPECT_EQ(m.value().output_len, 256);
-    const auto r = with_serving_throughput(m.value(), job, o);
+    const auto r = with_serving_throughput(m.value(), o.output_len);
     ASSERT_TRUE(r.ok()) << r.error().message;
     const auto& t = r.value().throughput;
     ASSERT_GE(t.size(), 2u);

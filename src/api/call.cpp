@@ -83,7 +83,7 @@ const std::vector<std::pair<Command, Runner>>& commands() {
              ParamSummary s = summarize_params(g);
              return with(Command::Params, r, ParamsAnswer{std::move(g), std::move(s)});
          }},
-        {Command::Serving, [](const Request& r, const CallOptions&) { return with(Command::Serving, r, take(with_serving_throughput(take(serving_memory(r.job, r.serving)), r.job, r.serving))); }},
+        {Command::Serving, [](const Request& r, const CallOptions&) { return with(Command::Serving, r, take(with_serving_throughput(take(serving_memory(r.job, r.serving)), r.serving.output_len))); }},
         {Command::Fit,
          [](const Request& r, const CallOptions&) {
              FitRequest fr;

@@ -20,6 +20,11 @@ std::vector<std::int64_t> vllm_pp_layers(std::int64_t layers, std::int64_t pp) {
     return out;
 }
 
+Bytes kv_token_bytes_per_layer(const TransformerDims& d, std::int64_t tp, DType dt) {
+    if (d.latent_kv) return dtype_bytes(dt, d.kv_elements_per_token / std::max<std::int64_t>(1, d.layers));
+    return dtype_bytes(dt, checked_mul(2 * std::max<std::int64_t>(1, d.kv_heads / std::max<std::int64_t>(1, tp)), d.head_dim));
+}
+
 Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequest& r) {
     return capture([&]() -> PagedKvResult {
         if (d.layers <= 0 || d.kv_heads <= 0 || d.head_dim <= 0)
@@ -34,7 +39,7 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
         PagedKvResult out;
         out.blocks_per_request = (r.max_model_len + r.block_size - 1) / r.block_size;
         const std::int64_t kv_heads = std::max<std::int64_t>(1, d.kv_heads / r.tp);
-        const Bytes page = dtype_bytes(r.kv_dtype, checked_mul(checked_mul(2 * r.block_size, kv_heads), d.head_dim));
+        const Bytes page = kv_token_bytes_per_layer(d, r.tp, r.kv_dtype) * r.block_size;
         const auto layers = vllm_pp_layers(d.layers, r.pp);
         bool first = true;
         for (std::size_t s = 0; s < layers.size(); ++s) {

@@ -253,6 +253,44 @@ std::int64_t nvidia_smi_mib(const GpuSpec& gpu, Bytes capacity) {
     return it != kSmi.end() ? it->second : capacity.count() / (1024 * 1024);
 }
 
+// What every engine reads the same way: the card, the layout, the weights'
+// and the cache's dtypes (the result's names are filled here too).
+struct Served {
+    GpuSpec gpu;
+    Bytes capacity;
+    std::int64_t tp = 1, pp = 1;
+    Precision prec = Precision::BF16;
+    DType model_dt = DType::BF16, kv_dt = DType::BF16;
+};
+Served served_basics(const ModelGraph& g, const EstimateRequest& job, Engine engine, ServingResult& out) {
+    Served s;
+    out.model_name = g.name;
+    out.engine = to_string(engine);
+    out.job = job;
+    s.tp = std::max<std::int64_t>(1, job.parallel.tp);
+    s.pp = std::max<std::int64_t>(1, job.parallel.pp);
+    out.tp = s.tp;
+    out.pp = s.pp;
+    s.gpu = take(find_gpu(job.gpu));
+    out.gpu = s.gpu.name;
+    s.capacity = job.gpu_memory.value_or(s.gpu.memory);
+    s.prec = job.precision.value_or(Precision::BF16);
+    check(s.prec == Precision::BF16 || s.prec == Precision::FP16 || s.prec == Precision::FP32, "precision",
+          "serving runs the weights in bf16, fp16 or fp32 (--precision bf16|fp16|fp32)");
+    s.model_dt = s.prec == Precision::FP32 ? DType::F32 : s.prec == Precision::FP16 ? DType::F16 : DType::BF16;
+    s.kv_dt = job.kv_dtype.value_or(s.model_dt);
+    return s;
+}
+
+// One layer's MLP working set for `tokens` tokens (an estimate of the
+// engines' activation and CUDA-graph peaks): the residual and normed hidden
+// states, the gate/up projection and its activation (SwiGLU/GeGLU families;
+// non-gated MLPs are smaller).
+Bytes mlp_working_set(const TransformerDims& d, std::int64_t tp, DType dt, std::int64_t tokens) {
+    const std::int64_t I = (d.intermediate + tp - 1) / tp;
+    return dtype_bytes(dt, checked_mul(tokens, 2 * d.hidden + 3 * I));
+}
+
 }  // namespace
 
 std::int64_t sglang_kv_tokens(Bytes pre, Bytes after, double mem_fraction_static, Bytes cell, std::int64_t page_size,
@@ -291,26 +329,25 @@ namespace {
 ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
     ServingResult out;
-    out.model_name = g.name;
-    out.engine = to_string(o.engine);
+    const Served sv = served_basics(g, job, o.engine, out);
     const std::string version = o.engine_version.value_or("0.5.6");
     check(version == "0.5.6" || version == "0.4.6", "engine-version",
           "SGLang " + version + " is not modelled: gpumem serving knows SGLang 0.5.6 (the default) and 0.4.6 (their default fractions and sizes)");
     out.engine_version = version;
-    const std::int64_t tp = std::max<std::int64_t>(1, job.parallel.tp), pp = std::max<std::int64_t>(1, job.parallel.pp);
-    out.tp = tp;
-    out.pp = pp;
-    const GpuSpec gpu = take(find_gpu(job.gpu));
-    out.gpu = gpu.name;
-    const Bytes capacity = job.gpu_memory.value_or(gpu.memory);
-    const std::int64_t smi = nvidia_smi_mib(gpu, capacity);
+    const std::int64_t tp = sv.tp, pp = sv.pp;
+    const Bytes capacity = sv.capacity;
+    const std::int64_t smi = nvidia_smi_mib(sv.gpu, capacity);
     check(!o.gpu_memory_utilization, "gpu-memory-utilization", "--gpu-memory-utilization is vLLM's; SGLang's is --mem-fraction-static");
     // Defaults by GPU memory (server_args.py, v0.5.6 L725-807; v0.4.6 L241-272).
-    const std::int64_t gib = smi / 1024;
+    const std::int64_t smi_gib = smi / 1024;
     const std::int64_t chunk_default = version == "0.4.6" ? (smi < 25000 ? 2048 : 8192)
-                                                          : gib < 35 ? 2048 : gib < 60 ? 4096 : gib < 160 ? 8192 : 16384;
+                                                          : smi_gib < 35 ? 2048 : smi_gib < 60 ? 4096 : smi_gib < 160 ? 8192 : 16384;
     const std::int64_t graph_bs = version == "0.4.6" ? (smi < 25000 ? (tp < 4 ? 8 : 80) : smi > 81920 ? 256 : 160)
-                                                     : gib < 20 ? 8 : gib < 35 ? (tp < 4 ? 24 : 80) : gib < 60 ? (tp < 4 ? 32 : 160) : gib < 160 ? (tp < 4 ? 256 : 512) : 512;
+                                  : smi_gib < 20   ? 8
+                                  : smi_gib < 35   ? (tp < 4 ? 24 : 80)
+                                  : smi_gib < 60   ? (tp < 4 ? 32 : 160)
+                                  : smi_gib < 160  ? (tp < 4 ? 256 : 512)
+                                                   : 512;
     out.max_num_batched_tokens = o.max_num_batched_tokens.value_or(chunk_default);
     out.block_size = o.block_size.value_or(1);
     out.max_model_len = o.max_model_len.value_or(g.max_positions > 0 ? g.max_positions : 2048);
@@ -319,29 +356,20 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
     const double mfs = o.mem_fraction_static.value_or(sglang_default_mem_fraction(version, smi, tp, pp, out.max_num_batched_tokens, graph_bs));
     check(mfs > 0.0 && mfs < 1.0, "mem-fraction-static", "--mem-fraction-static must be in (0, 1)");
     out.mem_fraction_static = mfs;
-    const Precision prec = job.precision.value_or(Precision::BF16);
-    check(prec == Precision::BF16 || prec == Precision::FP16 || prec == Precision::FP32, "precision",
-          "serving runs the weights in bf16, fp16 or fp32 (--precision bf16|fp16|fp32)");
-    const DType model_dt = prec == Precision::FP32 ? DType::F32 : prec == Precision::FP16 ? DType::F16 : DType::BF16;
-    const DType kv_dt = job.kv_dtype.value_or(model_dt);
 
     Bytes nccl_comm;
-    const ParallelResult par = served_layout(g, job, prec, tp, pp, out.max_model_len, &nccl_comm);
-    const Bytes nccl = tp_buffers(gpu, tp, pp, nccl_comm);
-    const Bytes context = job.cuda_context.value_or(gpu.cuda_context);
+    const ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
+    const Bytes nccl = tp_buffers(sv.gpu, tp, pp, nccl_comm);
+    const Bytes context = job.cuda_context.value_or(sv.gpu.cuda_context);
     // Free memory before the weights load: what the context and the
     // communicators leave (SGLang takes the minimum over ranks).
     const Bytes pre = capacity > context + nccl ? capacity - context - nccl : Bytes(0);
-    const std::vector<std::int64_t> stage_layers = vllm_pp_layers(d.layers, pp);
     std::int64_t tokens = -1;
     std::vector<Bytes> cells;
     for (std::size_t s = 0; s < par.stages.size(); ++s) {
-        const std::int64_t layers = s < stage_layers.size() ? stage_layers[s] : d.layers;
-        // One token's K and V on this rank (model_runner.py L1384-1437): MLA
-        // keeps one latent per layer, unsplit; otherwise kv heads // tp (at least one).
-        const std::int64_t per_layer = d.latent_kv ? d.kv_elements_per_token / std::max<std::int64_t>(1, d.layers)
-                                                   : 2 * std::max<std::int64_t>(1, d.kv_heads / tp) * d.head_dim;
-        const Bytes cell = dtype_bytes(kv_dt, checked_mul(per_layer, layers));
+        // One token's K and V on this rank over the stage's layers
+        // (model_runner.py L1384-1437).
+        const Bytes cell = kv_token_bytes_per_layer(d, tp, sv.kv_dt) * par.stages[s].layers;
         cells.push_back(cell);
         const Bytes after = pre > par.stages[s].weights ? pre - par.stages[s].weights : Bytes(0);
         const std::int64_t t = sglang_kv_tokens(pre, after, mfs, cell, out.block_size, o.max_total_tokens);
@@ -355,8 +383,7 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
                                                                                 2048, 4096));
     out.max_num_seqs = std::min(o.max_num_seqs.value_or(tokens / 2), reqs);
     const Bytes request_table = Bytes(checked_mul(checked_mul(reqs, out.max_model_len + 4), 4));
-    const std::int64_t I = (d.intermediate + tp - 1) / tp;
-    const Bytes forward_peak = dtype_bytes(model_dt, checked_mul(out.max_num_batched_tokens, 2 * d.hidden + 3 * I));
+    const Bytes forward_peak = mlp_working_set(d, tp, sv.model_dt, out.max_num_batched_tokens);
     std::vector<ServingPerGpu> ranks;
     for (std::size_t s = 0; s < par.stages.size(); ++s) {
         ServingPerGpu r;
@@ -368,7 +395,7 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
         r.kv_cache = tokens > 0 ? Bytes(checked_mul(tokens + out.block_size, cells[s].count())) : Bytes(0);
         r.request_table = request_table;
         r.activation_peak = forward_peak;
-        r.cuda_graph = o.enforce_eager ? Bytes(0) : dtype_bytes(model_dt, checked_mul(graph_bs, 2 * d.hidden + 3 * I));
+        r.cuda_graph = o.enforce_eager ? Bytes(0) : mlp_working_set(d, tp, sv.model_dt, graph_bs);
         r.total_device = r.cuda_context + r.non_torch + r.weights + r.kv_cache + r.request_table + r.activation_peak + r.cuda_graph;
         ranks.push_back(r);
     }
@@ -412,8 +439,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         const TransformerDims& d = *g.transformer;
         if (o.engine == Engine::SGLang) return sglang_memory(g, job, o);
         ServingResult out;
-        out.model_name = g.name;
-        out.engine = to_string(o.engine);
+        const Served sv = served_basics(g, job, o.engine, out);
         if (o.engine_version) {
             check(*o.engine_version == "0.19" || *o.engine_version == "v1" || *o.engine_version == "V1", "engine-version",
                   "vLLM " + *o.engine_version + " is not modelled: gpumem serving follows vLLM 0.19 (V1); the V0 engine's budget "
@@ -422,13 +448,9 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         out.engine_version = "0.19 (V1)";
         check(!o.mem_fraction_static, "mem-fraction-static", "--mem-fraction-static is SGLang's; vLLM's is --gpu-memory-utilization");
         check(!o.max_total_tokens, "max-total-tokens", "--max-total-tokens is SGLang's; with vLLM use --kv-cache-memory or --gpu-memory-utilization");
-        const std::int64_t tp = std::max<std::int64_t>(1, job.parallel.tp), pp = std::max<std::int64_t>(1, job.parallel.pp);
-        out.tp = tp;
-        out.pp = pp;
-
-        const GpuSpec gpu = take(find_gpu(job.gpu));
-        out.gpu = gpu.name;
-        const Bytes capacity = job.gpu_memory.value_or(gpu.memory);
+        const std::int64_t tp = sv.tp, pp = sv.pp;
+        const GpuSpec& gpu = sv.gpu;
+        const Bytes capacity = sv.capacity;
         const double u = o.gpu_memory_utilization.value_or(0.9);
         check(u > 0.0 && u <= 1.0, "gpu-memory-utilization", "--gpu-memory-utilization must be in (0, 1] (vLLM's own range)");
         out.gpu_memory_utilization = u;
@@ -443,11 +465,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         check(out.max_model_len >= 1, "max-model-len", "--max-model-len must be a positive integer");
         check(out.max_num_seqs >= 1, "max-num-seqs", "--max-num-seqs must be a positive integer");
         check(out.max_num_batched_tokens >= 1, "max-num-batched-tokens", "--max-num-batched-tokens must be a positive integer");
-        const Precision prec = job.precision.value_or(Precision::BF16);
-        check(prec == Precision::BF16 || prec == Precision::FP16 || prec == Precision::FP32, "precision",
-              "serving runs the weights in bf16, fp16 or fp32 (--precision bf16|fp16|fp32)");
-        const DType model_dt = prec == Precision::FP32 ? DType::F32 : prec == Precision::FP16 ? DType::F16 : DType::BF16;
-        const DType kv_dt = job.kv_dtype.value_or(model_dt);
+        const DType model_dt = sv.model_dt;
         out.assumptions.push_back("vLLM " + out.engine_version + ": budget = gpu_memory_utilization x total - (weights + profile-run peak + non-torch memory), "
                                   "the rest is the paged KV cache; CUDA graphs are captured afterwards, outside the budget (docs/research/vllm.md)");
         out.assumptions.push_back("max_num_batched_tokens " + std::to_string(out.max_num_batched_tokens) + ", max_num_seqs " + std::to_string(out.max_num_seqs) +
@@ -455,7 +473,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
                                   ", block_size " + std::to_string(out.block_size) + (o.block_size ? "" : " (vLLM's CUDA default)"));
 
         Bytes nccl_comm;
-        const ParallelResult par = served_layout(g, job, prec, tp, pp, out.max_model_len, &nccl_comm);
+        const ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
         const Bytes nccl = tp_buffers(gpu, tp, pp, nccl_comm);
         const bool nvswitch_gen = gpu.arch == "hopper" || gpu.arch == "blackwell";
         if (tp > 1)
@@ -470,9 +488,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         // sampler's logits in the model dtype, their fp32 copy and fp32
         // probabilities, held at once.
         const std::int64_t T = out.max_num_batched_tokens, R = std::min(out.max_num_seqs, T);
-        const std::int64_t I = (d.intermediate + tp - 1) / tp;
-        const bool gated = true;  // SwiGLU/GeGLU families; non-gated MLPs are smaller
-        const Bytes forward_peak = dtype_bytes(model_dt, checked_mul(T, 2 * d.hidden + (gated ? 3 : 2) * I));
+        const Bytes forward_peak = mlp_working_set(d, tp, model_dt, T);
         const Bytes sampler_peak = dtype_bytes(model_dt, checked_mul(R, d.vocab)) + dtype_bytes(DType::F32, checked_mul(2 * R, d.vocab));
         out.assumptions.push_back("profile-run peak (an estimate): " + std::to_string(T) + " tokens through one layer's MLP (" + gib(forward_peak) +
                                   " GiB) and the sampler on " + std::to_string(R) + " rows of the " + std::to_string(d.vocab) + "-token vocabulary (" +
@@ -484,7 +500,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         kr.pp = pp;
         kr.block_size = out.block_size;
         kr.max_model_len = out.max_model_len;
-        kr.kv_dtype = kv_dt;
+        kr.kv_dtype = sv.kv_dt;
         std::vector<ServingPerGpu> ranks;
         for (std::size_t s = 0; s < par.stages.size(); ++s) {
             ServingPerGpu r;
@@ -502,7 +518,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
             // batch's working set (capture sizes up to min(2 x max_num_seqs, 512,
             // max_num_batched_tokens)).
             const std::int64_t cg = std::min<std::int64_t>({2 * out.max_num_seqs, 512, T});
-            r.cuda_graph = o.enforce_eager ? Bytes(0) : dtype_bytes(model_dt, checked_mul(cg, 2 * d.hidden + (gated ? 3 : 2) * I));
+            r.cuda_graph = o.enforce_eager ? Bytes(0) : mlp_working_set(d, tp, model_dt, cg);
             r.total_device = r.cuda_context + (o.kv_cache_memory ? non_kv + r.kv_cache : requested) + r.cuda_graph;
             ranks.push_back(r);
         }

@@ -12,12 +12,9 @@
 
 namespace gpumem {
 
-Result<ServingResult> with_serving_throughput(ServingResult r, const EstimateRequest& job_in, const ServingOptions& o_in) {
+Result<ServingResult> with_serving_throughput(ServingResult r, std::optional<std::int64_t> output_len_given) {
     return capture([&]() -> ServingResult {
-        // The served job as the engine's command line sets it (model, layout, dtypes).
-        EstimateRequest job = job_in;
-        ServingOptions o = o_in;
-        apply_engine_command(o.command, o, job);
+        const EstimateRequest& job = r.job;
         const std::int64_t cap = std::min<std::int64_t>(r.max_num_seqs, static_cast<std::int64_t>(std::floor(r.concurrency_at_request_len)));
         if (!r.error.empty() || cap < 1) return r;
         const ModelGraph g = take(load_model(job.model));
@@ -45,7 +42,7 @@ Result<ServingResult> with_serving_throughput(ServingResult r, const EstimateReq
             r.throughput.push_back(row);
         }
         r.assumptions.push_back("throughput (a roofline, gpumem's inference time model): c requests of " + std::to_string(r.request_len) + " tokens (" +
-                                std::to_string(r.output_len) + " generated" + (o.output_len ? "" : ", gpumem's default --output-len") +
+                                std::to_string(r.output_len) + " generated" + (output_len_given ? "" : ", gpumem's default --output-len") +
                                 ") prefilled together (time to first token), then decoded together reading this rank's weights and their KV "
                                 "cache at the mean context; the engine's scheduler and chunked-prefill interleaving are not modelled");
         return r;

@@ -82,7 +82,7 @@ std::string render_serving(const ServingResult& r, Format f) {
     add("non_torch", p.non_torch, p.non_torch > Bytes(0) ? "NCCL and all-reduce buffers" : "-");
     add("kv_cache", p.kv_cache, sglang ? "\"KV Cache is allocated\" (K + V)" : "\"Available KV cache memory\"");
     if (sglang) add("request_table", p.request_table, "request-to-token table, from the slack");
-    add("cuda_graph", p.cuda_graph, sglang ? "captured after the KV cache (estimate)" : "captured after the KV cache (estimate)");
+    add("cuda_graph", p.cuda_graph, "captured after the KV cache (estimate)");
     add("cuda_context", p.cuda_context, "before the engine's budget");
     add("total_device", p.total_device, "nvidia-smi");
     add("requested", p.requested, sglang ? "mem_fraction_static x free memory before loading" : "gpu_memory_utilization x total");

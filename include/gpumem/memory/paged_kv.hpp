@@ -56,6 +56,12 @@ struct PagedKvResult {
     bool fits_one_request = false;   // false: vLLM refuses to start ("To serve at least one request ...")
 };
 
+// One token's K and V in one layer on one tensor-parallel rank: 2 x
+// max(1, kv_heads // tp) x head_dim elements (vLLM's and SGLang's
+// get_num_kv_heads replicate heads when tp exceeds them), or an MLA model's
+// one latent (kv_lora_rank + rope dim), not split by tensor parallelism.
+Bytes kv_token_bytes_per_layer(const TransformerDims& d, std::int64_t tp, DType dt);
+
 // Layers of each pipeline stage as vLLM splits them (get_pp_indices).
 std::vector<std::int64_t> vllm_pp_layers(std::int64_t layers, std::int64_t pp);
 

@@ -53,6 +53,7 @@ struct ServingThroughput {
 };
 
 struct ServingResult {
+    EstimateRequest job;        // the request as the engine's command line set it (model, layout, dtypes)
     std::string model_name;
     std::string engine;         // "vllm"
     std::string engine_version; // whose defaults and budget rule apply

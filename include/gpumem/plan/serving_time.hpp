@@ -13,13 +13,16 @@
 // communication beyond the tensor-parallel all-reduces are not modelled.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/request.hpp"
 #include "gpumem/memory/serving.hpp"
 
 namespace gpumem {
 
-// r with its throughput list (and the assumption) filled for the served job.
-Result<ServingResult> with_serving_throughput(ServingResult r, const EstimateRequest& job, const ServingOptions& o);
+// r with its throughput list (and the assumption) filled for the job it serves (r.job).
+Result<ServingResult> with_serving_throughput(ServingResult r, std::optional<std::int64_t> output_len_given);
 
 }  // namespace gpumem
