@@ -109,7 +109,7 @@ void add_fields(Sub& s) {
 json body_of(const Sub& s) {
     json body = json::object();
     for (const auto& [name, value] : s.text) {
-        const Field* f = find_field(name);
+        const Field* f = find_field(name, s.command);
         auto* opt = f && f == positional_of(s.command) ? s.app->get_option_no_throw(name) : s.app->get_option_no_throw("--" + name);
         if (opt && opt->count() > 0) body[name] = value;
     }

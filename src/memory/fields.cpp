@@ -208,17 +208,29 @@ std::vector<Field> build_table() {
         // ---- serving engines (memory/serving.hpp)
         row("engine", FT::Enum, "serving", kServe, AT(serving.engine), "the serving engine whose start-up is predicted"),
         row("gpu-memory-utilization", FT::Number, "serving", kServe, AT(serving.gpu_memory_utilization), "vLLM --gpu-memory-utilization: the fraction of the GPU's memory the engine budgets").min(0).max(1).computed("0.9 (vLLM's default)"),
-        row("max-model-len", FT::Int, "serving", kServe, AT(serving.max_model_len), "tokens per request (vLLM --max-model-len)").unit("tokens").min(1).computed("the model's maximum positions"),
-        row("max-num-seqs", FT::Int, "serving", kServe, AT(serving.max_num_seqs), "requests per step (vLLM --max-num-seqs)").min(1).computed("vLLM's: 1024 on GPUs of 70 GiB or more other than the A100, else 256"),
-        row("max-num-batched-tokens", FT::Int, "serving", kServe, AT(serving.max_num_batched_tokens), "tokens per step, the profile run's size (vLLM --max-num-batched-tokens)").unit("tokens").min(1).computed("vLLM's: 8192 on GPUs of 70 GiB or more other than the A100, else 2048"),
+        row("max-model-len", FT::Int, "serving", kServe, AT(serving.max_model_len), "tokens per request (vLLM --max-model-len, SGLang --context-length; llama.cpp: -c / -np)").unit("tokens").min(1).computed("the model's maximum positions"),
+        row("max-num-seqs", FT::Int, "serving", kServe, AT(serving.max_num_seqs), "requests per step (vLLM --max-num-seqs; llama.cpp -np: slots)").min(1).computed("vLLM's: 1024 on GPUs of 70 GiB or more other than the A100, else 256"),
+        row("max-num-batched-tokens", FT::Int, "serving", kServe, AT(serving.max_num_batched_tokens), "tokens per step, the profile run's size (vLLM --max-num-batched-tokens; llama.cpp -b)").unit("tokens").min(1).computed("vLLM's: 8192 on GPUs of 70 GiB or more other than the A100, else 2048"),
         row("block-size", FT::Int, "serving", kServe, AT(serving.block_size), "tokens per KV-cache block (vLLM --block-size)").min(1).computed("16"),
         row("kv-cache-memory", FT::Size, "serving", kServe, AT(serving.kv_cache_memory), "vLLM --kv-cache-memory: the KV budget itself (gpu-memory-utilization is then ignored)").unit("bytes").min(1),
         row("enforce-eager", FT::Bool, "serving", kServe, AT(serving.enforce_eager), "vLLM --enforce-eager: no CUDA graphs"),
         row("mem-fraction-static", FT::Number, "serving", kServe, AT(serving.mem_fraction_static), "SGLang --mem-fraction-static: the fraction of the free memory before loading kept for weights and the KV pool").min(0).max(1).computed("SGLang's rule by GPU memory and tp x pp"),
         row("max-total-tokens", FT::Int, "serving", kServe, AT(serving.max_total_tokens), "SGLang --max-total-tokens: caps the KV pool").unit("tokens").min(1),
-        row("engine-version", FT::String, "serving", kServe, AT(serving.engine_version), "the engine version whose defaults and rules apply (vLLM 0.19; SGLang 0.5.6 or 0.4.6)").computed("vLLM 0.19, SGLang 0.5.6"),
+        row("engine-version", FT::String, "serving", kServe, AT(serving.engine_version), "the engine version whose defaults and rules apply (vLLM 0.19; SGLang 0.5.6 or 0.4.6; llama.cpp 2026-04 or 2025-06)").computed("vLLM 0.19, SGLang 0.5.6, llama.cpp 2026-04"),
         row("request-len", FT::Int, "serving", kServe, AT(serving.request_len), "tokens per request (prompt and output) the concurrency and throughput are given for").unit("tokens").min(1).computed("max-model-len"),
         row("output-len", FT::Int, "serving", kServe, AT(serving.output_len), "generated tokens per request, for the throughput").unit("tokens").min(0).computed("min(256, request-len / 2)"),
+        row("quant", FT::String, "serving", kServe, AT(serving.quant), "llama.cpp: the GGUF file type of the weights when no .gguf file is at hand (F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, IQ4_XS, ...)").computed("the .gguf file's own tensor types"),
+        row("n-gpu-layers", FT::Int, "serving", kServe, AT(serving.n_gpu_layers), "llama.cpp -ngl: layers offloaded to the GPUs (the output layer counts as one)").min(0).computed("all"),
+        row("ctx-size", FT::Int, "serving", kServe, AT(serving.ctx_size), "llama.cpp -c: KV-cache cells over all slots (0: the model's training context)").unit("tokens").min(0).computed("0 (llama.cpp's default: the training context)"),
+        row("ubatch-size", FT::Int, "serving", kServe, AT(serving.ubatch_size), "llama.cpp -ub: the physical batch the compute buffers are sized for").unit("tokens").min(1).computed("512"),
+        row("flash-attn", FT::String, "serving", kServe, AT(serving.flash_attn), "llama.cpp -fa on|off|auto").computed("auto (on: CUDA and the CPU have the kernel)"),
+        row("cache-type-k", FT::String, "serving", kServe, AT(serving.cache_type_k), "llama.cpp -ctk: K-cache type (f16, bf16, f32, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl)").computed("f16"),
+        row("cache-type-v", FT::String, "serving", kServe, AT(serving.cache_type_v), "llama.cpp -ctv: V-cache type (quantized types need flash attention)").computed("f16"),
+        row("tensor-split", FT::String, "serving", kServe, AT(serving.tensor_split), "llama.cpp -ts: GPUs and their shares of the layers, e.g. 3,1").computed("one GPU"),
+        row("split-mode", FT::String, "serving", kServe, AT(serving.split_mode), "llama.cpp -sm none|layer").computed("layer"),
+        row("no-mmap", FT::Bool, "serving", kServe, AT(serving.no_mmap), "llama.cpp --no-mmap: weights left on the CPU are read into RAM, not mapped"),
+        row("no-kv-offload", FT::Bool, "serving", kServe, AT(serving.no_kv_offload), "llama.cpp -nkvo: the KV cache stays in host RAM"),
+        row("kv-unified", FT::Bool, "serving", kServe, AT(serving.kv_unified), "llama.cpp -kvu: one KV stream shared by all slots").computed("llama-server: on when -np is not given"),
         row("command", FT::StringList, "serving", kServe, AT(serving.command), "the engine's own command line, after -- on the CLI (e.g. -- vllm serve MODEL --max-model-len 32768)"),
         // ---- layout
         row("gpus", FT::Int, "layout", kJob, AT(job.parallel.gpus), "GPUs in the job (data parallel = gpus / (tp x pp x cp))").min(1),
@@ -498,6 +510,17 @@ const Field* find_field(std::string_view name) {
     return nullptr;
 }
 
+const Field* find_field(std::string_view name, Command c) {
+    const std::string n = dashed(name);
+    for (const auto& f : fields()) {
+        if (!f.in(c)) continue;
+        if (f.name == n) return &f;
+        for (const auto& a : f.aliases)
+            if (a == n) return &f;
+    }
+    return find_field(name);
+}
+
 const std::vector<std::pair<std::string, std::string>>& field_groups() {
     static const std::vector<std::pair<std::string, std::string>> g = {
         {"model", "Model"},       {"job", "Job"},     {"precision", "Precision and optimizer"}, {"savers", "Memory savers"},
@@ -594,7 +617,7 @@ Result<Request> parse_request(Command c, const json& body) {
         if (!body.is_object()) fail(ErrorCode::InvalidArgument, "", "the request must be a JSON object of field names and values");
         Request r;
         for (const auto& [key, raw] : body.items()) {
-            const Field* f = find_field(key);
+            const Field* f = find_field(key, c);
             if (!f || !f->in(c)) {
                 std::vector<std::string> names;
                 for (const Field* g : fields_of(c)) {

@@ -8,6 +8,7 @@
 
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/memory/job.hpp"
+#include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/parallel.hpp"
 #include "gpumem/model/load.hpp"
@@ -129,6 +130,14 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
     if (argv.size() >= 3 && is_python(argv[0]) && argv[1] == "-m" && argv[2].rfind("sglang.launch_server", 0) == 0)
         return apply_sglang_command(argv, 3, o, job);
     if (argv.size() >= 2 && argv[0] == "sglang" && argv[1] == "serve") return apply_sglang_command(argv, 2, o, job);
+    // llama-server / llama-cli, with or without a path (build/bin/llama-server).
+    {
+        const std::string prog = argv[0].substr(argv[0].find_last_of('/') == std::string::npos ? 0 : argv[0].find_last_of('/') + 1);
+        if (prog == "llama-server" || prog == "llama-cli" || prog == "llama-server.exe" || prog == "llama-cli.exe") {
+            if (!o.max_num_seqs && prog.rfind("llama-cli", 0) == 0) o.max_num_seqs = 1;  // one conversation
+            return apply_llamacpp_command(argv, 1, o, job);
+        }
+    }
     if (argv.size() >= 2 && argv[0] == "vllm" && argv[1] == "serve") {
         i = 2;
     } else if (argv.size() >= 3 && is_python(argv[0]) && argv[1] == "-m" && argv[2].rfind("vllm.entrypoints", 0) == 0) {
@@ -136,7 +145,7 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
     } else {
         fail(ErrorCode::InvalidArgument, "command",
              "the engine command line must start with `vllm serve`, `python -m vllm.entrypoints.openai.api_server`, "
-             "`python -m sglang.launch_server` or `sglang serve` (got \"" + argv[0] + "\")");
+             "`python -m sglang.launch_server`, `sglang serve`, `llama-server` or `llama-cli` (got \"" + argv[0] + "\")");
     }
     o.engine = Engine::VLLM;
     const auto value = [&](const std::string& flag, std::string inline_value) -> std::string {
@@ -433,6 +442,14 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         EstimateRequest job = job_in;
         ServingOptions o = o_in;
         apply_engine_command(o.command, o, job);
+        if (o.engine == Engine::LlamaCpp) {
+            check(!job.model.empty(), "model", "serving: name a model (a .gguf file, or a preset / config.json with --quant), or give llama-server's command line after --");
+            return llamacpp_memory(job, o);
+        }
+        check(!o.quant && !o.n_gpu_layers && !o.ctx_size && !o.ubatch_size && !o.flash_attn && !o.cache_type_k && !o.cache_type_v && !o.tensor_split &&
+                  !o.split_mode && !o.no_mmap && !o.no_kv_offload && !o.kv_unified,
+              "engine", "--quant, --n-gpu-layers, --ctx-size, --ubatch-size, --flash-attn, --cache-type-k/v, --tensor-split, --split-mode, --no-mmap, "
+                        "--no-kv-offload and --kv-unified are llama.cpp's (--engine llama.cpp)");
         check(!job.model.empty(), "model", "serving: name a model (preset, config.json or model folder), or give the engine's command line after --");
         const ModelGraph g = take(load_model(job.model));
         check(g.transformer.has_value(), "model", "serving needs a transformer model (its layers, heads and vocabulary)");

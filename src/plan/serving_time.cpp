@@ -17,6 +17,10 @@ Result<ServingResult> with_serving_throughput(ServingResult r, std::optional<std
         const EstimateRequest& job = r.job;
         const std::int64_t cap = std::min<std::int64_t>(r.max_num_seqs, static_cast<std::int64_t>(std::floor(r.concurrency_at_request_len)));
         if (!r.error.empty() || cap < 1) return r;
+        if (r.llamacpp) {
+            r.assumptions.push_back("throughput: not modelled for llama.cpp yet (quantized kernels and partial offload have no calibrated roofline)");
+            return r;
+        }
         const ModelGraph g = take(load_model(job.model));
         std::vector<std::int64_t> levels;
         for (std::int64_t c = 1; c < cap; c *= 2) levels.push_back(c);

@@ -9,10 +9,34 @@ namespace gpumem {
 namespace {
 
 nlohmann::json per_gpu_json(const ServingPerGpu& p) {
-    return {{"weights", p.weights.count()},       {"activation_peak", p.activation_peak.count()}, {"non_torch", p.non_torch.count()},
+    nlohmann::json j = {{"weights", p.weights.count()},       {"activation_peak", p.activation_peak.count()}, {"non_torch", p.non_torch.count()},
             {"kv_cache", p.kv_cache.count()},     {"request_table", p.request_table.count()}, {"cuda_graph", p.cuda_graph.count()},           {"cuda_context", p.cuda_context.count()},
             {"total_device", p.total_device.count()}, {"requested", p.requested.count()},         {"capacity", p.capacity.count()},
             {"fits", p.fits}};
+    if (!p.device.empty()) j["device"] = p.device;
+    return j;
+}
+
+nlohmann::json host_json(const std::optional<ServingHost>& h) {
+    if (!h) return nullptr;
+    return {{"model_mapped", h->model_mapped.count()}, {"model", h->model.count()}, {"kv_cache", h->kv_cache.count()},
+            {"compute", h->compute.count()},           {"output", h->output.count()}, {"total", h->total.count()}};
+}
+
+nlohmann::json llamacpp_json(const std::optional<LlamaCppDetail>& d) {
+    if (!d) return nullptr;
+    nlohmann::json types = nlohmann::json::object();
+    for (const auto& [t, n] : d->tensor_types) types[t] = n;
+    return {{"n_layer", d->n_layer},       {"n_gpu_layers", d->n_gpu_layers}, {"n_ctx", d->n_ctx},         {"n_ctx_seq", d->n_ctx_seq},
+            {"n_ubatch", d->n_ubatch},     {"n_parallel", d->n_parallel},     {"kv_unified", d->kv_unified}, {"flash_attn", d->flash_attn},
+            {"mmap", d->mmap},             {"type_k", d->type_k},             {"type_v", d->type_v},         {"file_type", d->file_type},
+            {"tensor_types", types},       {"fit_gpu_layers", d->fit_gpu_layers}, {"fit_ctx_size", d->fit_ctx_size}};
+}
+
+std::string mib(Bytes b) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%8.2f MiB", static_cast<double>(b.count()) / 1048576.0);
+    return buf;
 }
 
 std::string fixed(double v, int digits) {
@@ -65,12 +89,67 @@ nlohmann::json serving_to_json(const ServingResult& r) {
             {"output_len", r.output_len},
             {"concurrency_at_request_len", r.concurrency_at_request_len},
             {"throughput", throughput},
+            {"host_ram", r.host ? nlohmann::json(r.host->total.count()) : nlohmann::json(nullptr)},
+            {"host", host_json(r.host)},
+            {"llamacpp", llamacpp_json(r.llamacpp)},
             {"error", r.error},
             {"assumptions", r.assumptions}};
 }
 
+namespace {
+
+// llama.cpp: its own log lines, per device and on the host.
+std::string render_llamacpp(const ServingResult& r, Format f) {
+    const LlamaCppDetail& d = *r.llamacpp;
+    Table t;
+    t.header = {"buffer", "bytes", "size", "detail"};
+    t.right_align = {false, true, true, false};
+    const auto add = [&](const std::string& k, Bytes b, const std::string& detail) { t.rows.push_back({k, std::to_string(b.count()), format_bytes(b), detail}); };
+    for (const auto& p : r.per_rank) {
+        add(p.device + " model", p.weights, "\"" + p.device + " model buffer size\"");
+        add(p.device + " KV", p.kv_cache, "\"" + p.device + " KV buffer size\"");
+        add(p.device + " compute", p.activation_peak, "\"" + p.device + " compute buffer size\" (estimate)");
+        add(p.device + " context", p.cuda_context, "CUDA context (not in llama.cpp's lines)");
+        add(p.device + " total", p.total_device, std::string(p.fits ? "fits " : "DOES NOT FIT ") + format_bytes(p.capacity));
+    }
+    const ServingHost& h = *r.host;
+    add("host CPU_Mapped", h.model_mapped, "mmap'd span of the CPU tensors");
+    if (h.model > Bytes(0)) add("host CPU model", h.model, "--no-mmap: CPU weights in RAM");
+    add("host KV", h.kv_cache, "KV layers on the CPU");
+    add("host compute", h.compute, "\"CUDA_Host compute buffer size\" / CPU (estimate)");
+    add("host output", h.output, "logits output buffer");
+    add("host total", h.total, "host RAM");
+    if (f == Format::Csv || f == Format::Markdown) return render_table(t, f);
+    std::string out = r.model_name + " (" + d.file_type + ") served by llama.cpp " + r.engine_version + " on " +
+                      std::to_string(r.per_rank.size()) + " x " + r.gpu + "\n";
+    out += r.error.empty() ? "LOADS: " : "DOES NOT LOAD: ";
+    out += "offloaded " + std::to_string(d.n_gpu_layers) + "/" + std::to_string(d.n_layer + 1) + " layers; n_ctx " + with_commas(d.n_ctx) +
+           " cells (" + std::to_string(d.n_parallel) + " slot" + (d.n_parallel > 1 ? "s" : "") + ", " + with_commas(d.n_ctx_seq) + " tokens each" +
+           (d.kv_unified && d.n_parallel > 1 ? ", shared" : "") + "); K " + d.type_k + ", V " + d.type_v + "; flash attention " + (d.flash_attn ? "on" : "off") + "\n";
+    out += "fits: -ngl up to " + (d.fit_gpu_layers < 0 ? std::string("none") : std::to_string(d.fit_gpu_layers)) + " with these settings; -c up to " +
+           with_commas(d.fit_ctx_size) + " with -ngl " + std::to_string(d.n_gpu_layers) + "\n";
+    if (!r.error.empty()) out += "llama.cpp would stop with: " + r.error + "\n";
+    std::string types;
+    for (const auto& [ty, n] : d.tensor_types) types += (types.empty() ? "" : ", ") + ty + " " + std::to_string(n);
+    out += "tensor types: " + types + "\n\nas llama.cpp logs it:\n";
+    for (const auto& p : r.per_rank) out += "  load_tensors: " + p.device + " model buffer size = " + mib(p.weights) + "\n";
+    if (h.model_mapped > Bytes(0)) out += "  load_tensors: CPU_Mapped model buffer size = " + mib(h.model_mapped) + "\n";
+    for (const auto& p : r.per_rank) out += "  llama_kv_cache: " + p.device + " KV buffer size = " + mib(p.kv_cache) + "\n";
+    if (h.kv_cache > Bytes(0)) out += "  llama_kv_cache: CPU KV buffer size = " + mib(h.kv_cache) + "\n";
+    for (const auto& p : r.per_rank) out += "  sched_reserve: " + p.device + " compute buffer size = " + mib(p.activation_peak) + " (estimate)\n";
+    out += "  sched_reserve: " + std::string(r.per_rank.empty() || r.per_rank.front().weights <= Bytes(0) ? "CPU" : "CUDA_Host") +
+           " compute buffer size = " + mib(h.compute) + " (estimate)\n";
+    out += "\n" + render_table(t, f);
+    out += "\nassumptions:\n";
+    for (const auto& a : r.assumptions) out += "  - " + a + "\n";
+    return out;
+}
+
+}  // namespace
+
 std::string render_serving(const ServingResult& r, Format f) {
     if (f == Format::Json) return serving_to_json(r).dump(2) + "\n";
+    if (r.llamacpp && r.host) return render_llamacpp(r, f);
     const ServingPerGpu& p = r.per_gpu;
     Table t;
     t.header = {"part", "bytes", "size", "detail"};

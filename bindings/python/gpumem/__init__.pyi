@@ -816,6 +816,36 @@ class ServingDictGpu(TypedDict, total=False):
     memory: int
     name: str
 
+class ServingDictHost(TypedDict, total=False):
+    compute: int
+    kv_cache: int
+    model: int
+    model_mapped: int
+    output: int
+    total: int
+
+class ServingDictLlamacppTensorTypes(TypedDict, total=False):
+    f32: int
+    q4_K: int
+    q6_K: int
+
+class ServingDictLlamacpp(TypedDict, total=False):
+    file_type: str
+    fit_ctx_size: int
+    fit_gpu_layers: int
+    flash_attn: bool
+    kv_unified: bool
+    mmap: bool
+    n_ctx: int
+    n_ctx_seq: int
+    n_gpu_layers: int
+    n_layer: int
+    n_parallel: int
+    n_ubatch: int
+    tensor_types: ServingDictLlamacppTensorTypes
+    type_k: str
+    type_v: str
+
 class ServingDictModel(TypedDict, total=False):
     name: str
 
@@ -831,6 +861,7 @@ class ServingDictPerGpu(TypedDict, total=False):
     requested: int
     total_device: int
     weights: int
+    device: str
 
 class ServingDictPerRankItem(TypedDict, total=False):
     activation_peak: int
@@ -844,6 +875,7 @@ class ServingDictPerRankItem(TypedDict, total=False):
     requested: int
     total_device: int
     weights: int
+    device: str
 
 class ServingDictThroughputItem(TypedDict, total=False):
     concurrency: int
@@ -861,8 +893,11 @@ class ServingDict(TypedDict, total=False):
     error: str
     gpu: ServingDictGpu
     gpu_memory_utilization: float
+    host: Union[None, ServingDictHost]
+    host_ram: Union[int, None]
     kv_cache_blocks: int
     kv_cache_tokens: int
+    llamacpp: Union[None, ServingDictLlamacpp]
     max_concurrency: float
     max_model_len: int
     max_num_batched_tokens: int
@@ -1396,7 +1431,7 @@ def serving(
     params: Optional[Union[int, str]] = ...,
     precision: Optional[Literal['fp32', 'fp16', 'bf16', 'amp-fp16', 'amp-bf16']] = ...,
     kv_dtype: Optional[Literal['fp32', 'fp16', 'bf16', 'fp8', 'int8']] = ...,
-    engine: Optional[Literal['vllm', 'sglang']] = ...,
+    engine: Optional[Literal['vllm', 'sglang', 'llama.cpp']] = ...,
     gpu_memory_utilization: Optional[float] = ...,
     max_model_len: Optional[int] = ...,
     max_num_seqs: Optional[int] = ...,
@@ -1409,6 +1444,18 @@ def serving(
     engine_version: Optional[str] = ...,
     request_len: Optional[int] = ...,
     output_len: Optional[int] = ...,
+    quant: Optional[str] = ...,
+    n_gpu_layers: Optional[int] = ...,
+    ctx_size: Optional[int] = ...,
+    ubatch_size: Optional[int] = ...,
+    flash_attn: Optional[str] = ...,
+    cache_type_k: Optional[str] = ...,
+    cache_type_v: Optional[str] = ...,
+    tensor_split: Optional[str] = ...,
+    split_mode: Optional[str] = ...,
+    no_mmap: Optional[bool] = ...,
+    no_kv_offload: Optional[bool] = ...,
+    kv_unified: Optional[bool] = ...,
     command: Optional[Union[Sequence[str], str]] = ...,
     tp: Optional[int] = ...,
     pp: Optional[int] = ...,

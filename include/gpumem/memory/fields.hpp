@@ -89,6 +89,10 @@ std::vector<const Field*> fields_of(Command c);
 const Field* positional_of(Command c);
 // By name, dashes or underscores, any case; nullptr when absent.
 const Field* find_field(std::string_view name);
+// The row of that name which applies to command c (two commands may give one
+// name different rows: `quant` is a job's QLoRA type and serving's GGUF type),
+// else the first of that name.
+const Field* find_field(std::string_view name, Command c);
 // The help groups in order, with their titles.
 const std::vector<std::pair<std::string, std::string>>& field_groups();
 

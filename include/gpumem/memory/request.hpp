@@ -235,7 +235,7 @@ struct PlanRequest {
 
 // Serving engines (gpumem serving, memory/serving.hpp): the engine and its
 // own start-up settings, each defaulting to the engine's documented default.
-enum class Engine { VLLM, SGLang };
+enum class Engine { VLLM, SGLang, LlamaCpp };
 const char* to_string(Engine);
 struct ServingOptions {
     Engine engine = Engine::VLLM;
@@ -252,6 +252,18 @@ struct ServingOptions {
     std::optional<std::int64_t> request_len;              // tokens per request the concurrency is asked for (max_model_len)
     std::optional<std::int64_t> output_len;               // generated tokens per request, for the throughput (256)
     std::vector<std::string> command;                     // the engine's own command line (after `--`)
+    // llama.cpp (memory/llamacpp.hpp); -c, -b, -np are max_model_len's ctx_size, max_num_batched_tokens, max_num_seqs.
+    std::optional<std::string> quant;                     // GGUF file type when no .gguf is at hand (Q4_K_M, Q8_0, F16, ...)
+    std::optional<std::int64_t> n_gpu_layers;             // -ngl: layers offloaded (all)
+    std::optional<std::int64_t> ctx_size;                 // -c: KV cells over all slots (0: the model's training context)
+    std::optional<std::int64_t> ubatch_size;              // -ub: physical batch (512)
+    std::optional<std::string> flash_attn;                // -fa on|off|auto (auto)
+    std::optional<std::string> cache_type_k, cache_type_v;  // -ctk / -ctv (f16)
+    std::optional<std::string> tensor_split;              // -ts 3,1: devices and their shares of the layers
+    std::optional<std::string> split_mode;                // -sm none|layer (layer)
+    bool no_mmap = false;                                 // --no-mmap: CPU weights copied into RAM, not mapped
+    bool no_kv_offload = false;                           // -nkvo: KV cache in host RAM
+    std::optional<bool> kv_unified;                       // -kvu: one KV stream shared by the slots
 };
 
 // Inputs of the commands that are not jobs (doctor, snapshot, compat).

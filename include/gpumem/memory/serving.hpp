@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpumem/core/bytes.hpp"
@@ -30,6 +31,7 @@
 namespace gpumem {
 
 struct ServingPerGpu {
+    std::string device;     // llama.cpp's device name ("CUDA0"); "" for the other engines' ranks
     Bytes weights;          // this rank's weights ("Model loading took")
     Bytes activation_peak;  // the profile run's transient peak (forward + sampler)
     Bytes non_torch;        // memory outside PyTorch's allocator the budget counts (NCCL with tp/pp > 1)
@@ -41,6 +43,26 @@ struct ServingPerGpu {
     Bytes capacity;         // the device's total as CUDA reports it
     Bytes requested;        // gpu_memory_utilization x capacity (the budget)
     bool fits = false;      // vLLM starts and holds one request of max_model_len
+};
+
+// Host memory the engine allocates (llama.cpp's host buffers).
+struct ServingHost {
+    Bytes model_mapped;  // CPU_Mapped: the mmap'd span of the weights left on the CPU
+    Bytes model;         // CPU weights read into RAM (--no-mmap)
+    Bytes kv_cache;      // KV layers kept on the CPU (-nkvo, or layers not offloaded)
+    Bytes compute;       // the host side of the compute graph (CUDA_Host / CPU compute buffer)
+    Bytes output;        // the logits output buffer
+    Bytes total;
+};
+
+// llama.cpp's settings as it resolves them, and what fits.
+struct LlamaCppDetail {
+    std::int64_t n_layer = 0, n_gpu_layers = 0, n_ctx = 0, n_ctx_seq = 0, n_ubatch = 0, n_parallel = 1;
+    bool kv_unified = true, flash_attn = true, mmap = true;
+    std::string type_k, type_v, file_type;
+    std::vector<std::pair<std::string, std::int64_t>> tensor_types;  // "q4_K" -> tensors, as llama_model_loader logs them
+    std::int64_t fit_gpu_layers = -1;  // the most -ngl that fits every GPU with these settings (-1: not even 0)
+    std::int64_t fit_ctx_size = 0;     // the largest -c (256-token steps) that fits with this -ngl (0: none)
 };
 
 // Decode and prefill speed at one concurrency level (plan/serving_time.hpp).
@@ -71,6 +93,8 @@ struct ServingResult {
     std::int64_t output_len = 0;          // of which generated (--output-len)
     double concurrency_at_request_len = 0;  // requests of request_len the KV cache holds at once
     std::vector<ServingThroughput> throughput;  // per concurrency level (filled by plan/serving_time.hpp)
+    std::optional<ServingHost> host;      // host RAM (llama.cpp)
+    std::optional<LlamaCppDetail> llamacpp;
     std::string error;                    // the error vLLM would stop with ("" when it starts)
     std::vector<std::string> assumptions;
 };
