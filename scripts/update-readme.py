@@ -38,6 +38,10 @@ def main():
     acc = subprocess.run(["python3", os.path.join(ROOT, "scripts/accuracy.py"), "--gpumem", gpumem, "--section", "classic"],
                          capture_output=True, text=True, check=True).stdout
     text = replace_block(text, "accuracy", acc)
+    if "<!-- serving-accuracy:begin -->\n" in text and "<!-- serving-accuracy:end -->" in text:
+        sv = subprocess.run(["python3", os.path.join(ROOT, "scripts/serving_accuracy.py"), "--gpumem", gpumem],
+                            capture_output=True, text=True, check=True).stdout
+        text = replace_block(text, "serving-accuracy", sv + "\nPer-log results and commands: `python3 scripts/serving_accuracy.py --rows`.\n")
     if "<!-- framework-accuracy:begin -->\n" in text and "<!-- framework-accuracy:end -->" in text:
         fw = subprocess.run(["python3", os.path.join(ROOT, "scripts/accuracy.py"), "--gpumem", gpumem, "--section",
                              "frameworks"], capture_output=True, text=True, check=True).stdout
