@@ -27,7 +27,8 @@ SAMPLES = {
                  "estimate mixtral-8x7b --gpus 64 --nodes 8 --pp 4 --ep 8 --seq 8192 --precision bf16 --distributed-optimizer --analytic",
                  "estimate llama-3-8b --mode lora --batch 2 --seq 1024 --analytic", "estimate --params 7B --precision fp16 --optimizer adam"],
     "params": ["params gpt2", "params llama-3-8b"],
-    "fit": ["fit gpt2 --analytic", "fit llama-3-8b --seq 4096 --gpu A100-80GB --analytic"],
+    "fit": ["fit gpt2 --analytic", "fit llama-3-8b --seq 4096 --gpu A100-80GB --analytic",
+            "fit llama-3.1-8b --engine llama.cpp --quant Q4_K_M --gpu RTX-4090 --ctx-size 8192"],
     "advise": ["advise gpt2 --analytic", "advise llama-3-8b --batch 4 --seq 4096 --gpu A100-80GB --analytic"],
     "sweep": ["sweep gpt2 --batches 1,2 --analytic", "sweep gpt2 --batches 1 --seqs 256,512"],
     "plan": ["plan gpt2 --gpus 2 --top 2", "plan llama-3-8b --gpus 8 --top 2 --seq 4096"],
@@ -44,7 +45,7 @@ SAMPLES = {
 DESCRIPTIONS = {
     "estimate": "Per-GPU memory of one job part by part (per_gpu, breakdown summing to total_device), the resolved request, assumptions, and time.",
     "params": "Parameter counts by component and dtype.",
-    "fit": "The largest micro-batch and the longest sequence that fit.",
+    "fit": "The largest micro-batch and the longest sequence that fit; with --engine, the serving answer (as gpumem serving) with what fits that engine: fit_max_model_len, concurrency and (llama.cpp) llamacpp.fit_gpu_layers and fit_ctx_size.",
     "advise": "Each memory-saving technique's saving and time cost, and the cheapest combination that fits.",
     "sweep": "Memory (and time) over micro-batch sizes and sequence lengths.",
     "plan": "Layouts that fit, fastest first.",

@@ -381,3 +381,19 @@ TEST(LlamaCpp, ReadsTheGgufHeader) {
     EXPECT_EQ(r.value().per_gpu.kv_cache.count(), 1024LL * 2 * (128 * 2 + 128 * 2));
     EXPECT_EQ(r.value().llamacpp->file_type, "Q4_K_M");
 }
+
+// gpumem fit --engine: what fits that engine, the same figures serving gives.
+TEST(LlamaCpp, FitWithEngine) {
+    const auto fit = test::run_cli("fit llama-3.1-8b --engine llama.cpp --quant Q4_K_M --gpu RTX-4090 --gpu-memory 5GiB --ctx-size 8192 --format json");
+    const auto serving = test::run_cli("serving llama-3.1-8b --engine llama.cpp --quant Q4_K_M --gpu RTX-4090 --gpu-memory 5GiB --ctx-size 8192 --format json");
+    ASSERT_EQ(fit.exit_code, 0) << fit.err;
+    ASSERT_EQ(serving.exit_code, 0) << serving.err;
+    const auto a = nlohmann::json::parse(fit.out), b = nlohmann::json::parse(serving.out);
+    EXPECT_EQ(a["llamacpp"]["fit_gpu_layers"], b["llamacpp"]["fit_gpu_layers"]);
+    EXPECT_EQ(a["fit_max_model_len"], b["fit_max_model_len"]);
+    // 5 GiB cannot hold all 33 layers: 4.3 GiB of Q4_K_M weights (llama.cpp logs 4403.49 MiB) + 1 GiB of KV (8192 x 32 x 2 x 1024 x 2 B) + 0.5 GiB context.
+    EXPECT_LT(a["llamacpp"]["fit_gpu_layers"].get<int>(), 33);
+    // fit without --engine keeps the training meaning of --quant.
+    const auto q = test::run_cli("fit llama-3.1-8b --mode qlora --quant nf4 --gpu RTX-4090 --analytic --format json");
+    EXPECT_EQ(q.exit_code, 0) << q.err;
+}

@@ -265,8 +265,8 @@ int main(int argc, char** argv) {
             if (!s.app->parsed()) continue;
             json body = body_of(s);
             if (!engine_argv.empty()) {
-                if (s.command != Command::Serving)
-                    fail(ErrorCode::InvalidArgument, "command", "an engine command line after -- is for gpumem serving");
+                if (s.command != Command::Serving && s.command != Command::Fit)
+                    fail(ErrorCode::InvalidArgument, "command", "an engine command line after -- is for gpumem serving and gpumem fit");
                 body["command"] = engine_argv;
             }
             if (s.command == Command::Doctor && body.value("message", "") == "-") {

@@ -86,8 +86,14 @@ const std::vector<std::pair<Command, Runner>>& commands() {
         {Command::Serving, [](const Request& r, const CallOptions&) { return with(Command::Serving, r, take(with_serving_throughput(take(serving_memory(r.job, r.serving)), r.serving.output_len))); }},
         {Command::Fit,
          [](const Request& r, const CallOptions&) {
+             if (r.serving.engine || !r.serving.command.empty()) {  // what fits a serving engine
+                 ServingResult sr = take(serving_memory(r.job, r.serving));
+                 sr.fit_view = true;
+                 return with(Command::Fit, r, std::move(sr));
+             }
              FitRequest fr;
              fr.base = r.job;
+             if (r.serving.quant) fr.base.quant = take(parse_quant(*r.serving.quant));
              fr.simulate = !r.job.analytic;
              return with(Command::Fit, r, take(fit(fr)));
          }},

@@ -887,6 +887,7 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
     out.max_num_batched_tokens = s.n_batch;
     out.block_size = 1;
     out.kv_cache_tokens = s.n_ctx;
+    out.fit_max_model_len = s.unified ? det.fit_ctx_size : det.fit_ctx_size / s.n_seq;
     out.kv_cache_blocks = s.n_ctx;
     out.max_concurrency = static_cast<double>(s.n_seq);
     out.request_len = o.request_len.value_or(s.n_ctx_seq);

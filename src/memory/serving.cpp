@@ -338,7 +338,7 @@ namespace {
 ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
     ServingResult out;
-    const Served sv = served_basics(g, job, o.engine, out);
+    const Served sv = served_basics(g, job, o.engine.value_or(Engine::VLLM), out);
     const std::string version = o.engine_version.value_or("0.5.6");
     check(version == "0.5.6" || version == "0.4.6", "engine-version",
           "SGLang " + version + " is not modelled: gpumem serving knows SGLang 0.5.6 (the default) and 0.4.6 (their default fractions and sizes)");
@@ -409,6 +409,7 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
         ranks.push_back(r);
     }
     out.kv_cache_tokens = tokens;
+    out.fit_max_model_len = g.max_positions > 0 ? std::min(tokens, g.max_positions) : tokens;
     out.kv_cache_blocks = tokens / out.block_size;
     out.max_concurrency = static_cast<double>(tokens) / static_cast<double>(out.max_model_len);
     set_request_len(out, o);
@@ -456,7 +457,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         const TransformerDims& d = *g.transformer;
         if (o.engine == Engine::SGLang) return sglang_memory(g, job, o);
         ServingResult out;
-        const Served sv = served_basics(g, job, o.engine, out);
+        const Served sv = served_basics(g, job, o.engine.value_or(Engine::VLLM), out);
         if (o.engine_version) {
             check(*o.engine_version == "0.19" || *o.engine_version == "v1" || *o.engine_version == "V1", "engine-version",
                   "vLLM " + *o.engine_version + " is not modelled: gpumem serving follows vLLM 0.19 (V1); the V0 engine's budget "
@@ -545,6 +546,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         const PagedKvResult kv = take(paged_kv_cache(d, kr));
         out.kv_cache_blocks = kv.num_blocks;
         out.kv_cache_tokens = kv.kv_cache_tokens;
+        out.fit_max_model_len = g.max_positions > 0 ? std::min(kv.kv_cache_tokens, g.max_positions) : kv.kv_cache_tokens;
         out.max_concurrency = kv.max_concurrency;
         set_request_len(out, o);
         // Requests of another length: the count vLLM logs for max_model_len

@@ -92,6 +92,7 @@ nlohmann::json serving_to_json(const ServingResult& r) {
             {"host_ram", r.host ? nlohmann::json(r.host->total.count()) : nlohmann::json(nullptr)},
             {"host", host_json(r.host)},
             {"llamacpp", llamacpp_json(r.llamacpp)},
+            {"fit_max_model_len", r.fit_max_model_len},
             {"error", r.error},
             {"assumptions", r.assumptions}};
 }
@@ -147,8 +148,35 @@ std::string render_llamacpp(const ServingResult& r, Format f) {
 
 }  // namespace
 
+namespace {
+
+// gpumem fit --engine: what fits that engine on this GPU.
+std::string render_serving_fit(const ServingResult& r, Format f) {
+    Table t;
+    t.header = {"what fits", "value", "detail"};
+    t.right_align = {false, true, false};
+    if (r.llamacpp) {
+        const LlamaCppDetail& d = *r.llamacpp;
+        t.rows.push_back({"n_gpu_layers", std::to_string(d.fit_gpu_layers), "the most -ngl with -c " + with_commas(d.n_ctx) + " (of " + std::to_string(d.n_layer + 1) + " layers)"});
+        t.rows.push_back({"ctx_size", std::to_string(d.fit_ctx_size), "the longest -c (256-token steps) with -ngl " + std::to_string(d.n_gpu_layers)});
+    } else {
+        t.rows.push_back({"max_model_len", std::to_string(r.fit_max_model_len), "the longest request the KV cache admits (up to the model's maximum)"});
+    }
+    t.rows.push_back({"concurrency", fixed(r.concurrency_at_request_len, 2), "requests of " + with_commas(r.request_len) + " tokens at once"});
+    t.rows.push_back({"kv_cache_tokens", std::to_string(r.kv_cache_tokens), "the KV cache's tokens with these settings"});
+    if (f == Format::Csv || f == Format::Markdown) return render_table(t, f);
+    std::string out = "what fits " + r.model_name + " served by " + r.engine + " " + r.engine_version + " on " + r.gpu +
+                      (r.error.empty() ? "" : " (as given it does not start: " + r.error + ")") + "\n\n" + render_table(t, f);
+    out += "\nassumptions:\n";
+    for (const auto& a : r.assumptions) out += "  - " + a + "\n";
+    return out;
+}
+
+}  // namespace
+
 std::string render_serving(const ServingResult& r, Format f) {
     if (f == Format::Json) return serving_to_json(r).dump(2) + "\n";
+    if (r.fit_view) return render_serving_fit(r, f);
     if (r.llamacpp && r.host) return render_llamacpp(r, f);
     const ServingPerGpu& p = r.per_gpu;
     Table t;

@@ -320,6 +320,64 @@ class FitDictSeq(TypedDict, total=False):
     total_device_at_largest: int
     total_device_next: int
 
+class FitDictHost(TypedDict, total=False):
+    compute: int
+    kv_cache: int
+    model: int
+    model_mapped: int
+    output: int
+    total: int
+
+class FitDictLlamacppTensorTypes(TypedDict, total=False):
+    f32: int
+    q4_K: int
+    q6_K: int
+
+class FitDictLlamacpp(TypedDict, total=False):
+    file_type: str
+    fit_ctx_size: int
+    fit_gpu_layers: int
+    flash_attn: bool
+    kv_unified: bool
+    mmap: bool
+    n_ctx: int
+    n_ctx_seq: int
+    n_gpu_layers: int
+    n_layer: int
+    n_parallel: int
+    n_ubatch: int
+    tensor_types: FitDictLlamacppTensorTypes
+    type_k: str
+    type_v: str
+
+class FitDictPerGpu(TypedDict, total=False):
+    activation_peak: int
+    capacity: int
+    cuda_context: int
+    cuda_graph: int
+    device: str
+    fits: bool
+    kv_cache: int
+    non_torch: int
+    request_table: int
+    requested: int
+    total_device: int
+    weights: int
+
+class FitDictPerRankItem(TypedDict, total=False):
+    activation_peak: int
+    capacity: int
+    cuda_context: int
+    cuda_graph: int
+    device: str
+    fits: bool
+    kv_cache: int
+    non_torch: int
+    request_table: int
+    requested: int
+    total_device: int
+    weights: int
+
 class FitDict(TypedDict, total=False):
     assumptions: List[str]
     batch: FitDictBatch
@@ -327,6 +385,30 @@ class FitDict(TypedDict, total=False):
     model: FitDictModel
     schema_version: int
     seq: FitDictSeq
+    block_size: int
+    concurrency_at_request_len: float
+    engine: str
+    engine_version: str
+    error: str
+    fit_max_model_len: int
+    gpu_memory_utilization: float
+    host: FitDictHost
+    host_ram: int
+    kv_cache_blocks: int
+    kv_cache_tokens: int
+    llamacpp: FitDictLlamacpp
+    max_concurrency: float
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    mem_fraction_static: float
+    output_len: int
+    per_gpu: FitDictPerGpu
+    per_rank: List[FitDictPerRankItem]
+    pp: int
+    request_len: int
+    throughput: List[Any]
+    tp: int
 
 class Fit(Result):
     def to_dict(self) -> FitDict: ...
@@ -891,6 +973,7 @@ class ServingDict(TypedDict, total=False):
     engine: str
     engine_version: str
     error: str
+    fit_max_model_len: int
     gpu: ServingDictGpu
     gpu_memory_utilization: float
     host: Union[None, ServingDictHost]
@@ -1117,7 +1200,6 @@ def fit(
     zero_grad: Optional[Literal['set-to-none', 'zero']] = ...,
     optimizer_in_backward: Optional[bool] = ...,
     load_dtype: Optional[Literal['weights', 'fp32']] = ...,
-    quant: Optional[Literal['none', 'int8', 'int4', 'nf4', 'fp4']] = ...,
     double_quant: Optional[bool] = ...,
     quantize_head: Optional[bool] = ...,
     bnb_4bit_saves_input: Optional[bool] = ...,
@@ -1137,6 +1219,32 @@ def fit(
     compile_loss: Optional[bool] = ...,
     fp8_recipe: Optional[Literal['none', 'delayed', 'current', 'tensorwise', 'rowwise', 'mxfp8', 'nvfp4']] = ...,
     cuda_graphs: Optional[Literal['none', 'compile', 'megatron']] = ...,
+    engine: Optional[Literal['vllm', 'sglang', 'llama.cpp']] = ...,
+    gpu_memory_utilization: Optional[float] = ...,
+    max_model_len: Optional[int] = ...,
+    max_num_seqs: Optional[int] = ...,
+    max_num_batched_tokens: Optional[int] = ...,
+    block_size: Optional[int] = ...,
+    kv_cache_memory: Optional[Union[int, str]] = ...,
+    enforce_eager: Optional[bool] = ...,
+    mem_fraction_static: Optional[float] = ...,
+    max_total_tokens: Optional[int] = ...,
+    engine_version: Optional[str] = ...,
+    request_len: Optional[int] = ...,
+    output_len: Optional[int] = ...,
+    quant: Optional[str] = ...,
+    n_gpu_layers: Optional[int] = ...,
+    ctx_size: Optional[int] = ...,
+    ubatch_size: Optional[int] = ...,
+    flash_attn: Optional[str] = ...,
+    cache_type_k: Optional[str] = ...,
+    cache_type_v: Optional[str] = ...,
+    tensor_split: Optional[str] = ...,
+    split_mode: Optional[str] = ...,
+    no_mmap: Optional[bool] = ...,
+    no_kv_offload: Optional[bool] = ...,
+    kv_unified: Optional[bool] = ...,
+    command: Optional[Union[Sequence[str], str]] = ...,
     gpus: Optional[int] = ...,
     nodes: Optional[int] = ...,
     gpus_per_node: Optional[int] = ...,

@@ -238,7 +238,7 @@ struct PlanRequest {
 enum class Engine { VLLM, SGLang, LlamaCpp };
 const char* to_string(Engine);
 struct ServingOptions {
-    Engine engine = Engine::VLLM;
+    std::optional<Engine> engine;                         // vLLM unless given (or set by the command line after --); fit: given = the engine's fit
     std::optional<double> gpu_memory_utilization;         // vLLM --gpu-memory-utilization (0.9)
     std::optional<std::int64_t> max_model_len;            // tokens per request (the model's maximum positions)
     std::optional<std::int64_t> max_num_seqs;             // requests per step (1024 on GPUs >= 70 GiB but A100, else 256)

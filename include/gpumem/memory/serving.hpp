@@ -93,6 +93,11 @@ struct ServingResult {
     std::int64_t output_len = 0;          // of which generated (--output-len)
     double concurrency_at_request_len = 0;  // requests of request_len the KV cache holds at once
     std::vector<ServingThroughput> throughput;  // per concurrency level (filled by plan/serving_time.hpp)
+    // What fits (gpumem fit --engine): the longest request the KV cache admits
+    // (vLLM's and SGLang's max_model_len / context length up to the model's
+    // maximum; llama.cpp: llamacpp->fit_ctx_size), and whether this is that view.
+    std::int64_t fit_max_model_len = 0;
+    bool fit_view = false;
     std::optional<ServingHost> host;      // host RAM (llama.cpp)
     std::optional<LlamaCppDetail> llamacpp;
     std::string error;                    // the error vLLM would stop with ("" when it starts)
