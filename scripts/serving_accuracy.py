@@ -2,11 +2,11 @@
 """gpumem serving against public engine start-up logs, per engine.
 
 Runs `gpumem serving ... --format json` for every log in
-tests/fixtures/groundtruth/{vllm_startup_logs,sglang_startup_logs,llamacpp_logs}.json
+tests/fixtures/groundtruth/{vllm,sglang,tgi}_startup_logs.json and llamacpp_logs.json
 whose settings gpumem can express, and compares what the engine printed:
 vLLM's "Model loading took" (weights), "Available KV cache memory" (KV pool),
 "GPU KV cache size" (tokens) and "Maximum concurrency"; SGLang's weights and
-"#tokens"; llama.cpp's model, KV and compute buffer sizes. Logs it cannot
+"#tokens"; TGI's "max batch total tokens"; llama.cpp's model, KV and compute buffer sizes. Logs it cannot
 score are listed with the reason.
 
 Usage: python3 scripts/serving_accuracy.py [--gpumem build/gpumem] [--rows] [--json] [--check-aims]
@@ -203,13 +203,39 @@ def llamacpp_rows(gpumem):
     return scored, skipped
 
 
+# TGI logs whose model has a preset, the version family whose rules the build follows, and its flags.
+TGI = {
+    "G03": ("llama-3.1-8b", "2.2", ["--gpu", "A10G-24GB"]),
+    "G09": ("mistral-7b-v0.1", "2.2", ["--gpu", "A100-80GB", "--max-num-batched-tokens", "32768", "--max-total-tokens", "8512"]),
+}
+
+
+def tgi_rows(gpumem):
+    fx = json.load(open(os.path.join(FIX, "tgi_startup_logs.json")))
+    scored, skipped = [], []
+    for r in fx["logs"]:
+        rid = r["id"]
+        if rid not in TGI:
+            skipped.append((rid, "TGI before 1.4.1, a model without a preset, or settings not fully known"))
+            continue
+        preset, version, flags = TGI[rid]
+        args = ["serving", preset, "--engine", "tgi", "--engine-version", version, *flags]
+        out, err = run(gpumem, args)
+        if out is None:
+            skipped.append((rid, err))
+            continue
+        scored.append({"engine": "tgi", "id": rid, "command": "gpumem " + shlex.join(args),
+                       "errors": {"kv_tokens": pct(out["kv_cache_tokens"], r["max_batch_total_tokens"])}})
+    return scored, skipped
+
+
 QUANTITIES = [("weights", "weights"), ("kv_pool", "KV pool"), ("kv_tokens", "KV-cache tokens"), ("concurrency", "max concurrency"),
               ("model_buffer", "model buffers"), ("kv_buffer", "KV buffers"), ("compute_buffer", "compute buffers (estimate)")]
 
 
 def summary(rows):
     out = []
-    for engine in ("vllm", "sglang", "llama.cpp"):
+    for engine in ("vllm", "sglang", "tgi", "llama.cpp"):
         er = [r for r in rows if r["engine"] == engine]
         for key, label in QUANTITIES:
             xs = [abs(r["errors"][key]) for r in er if key in r["errors"]]
@@ -252,7 +278,7 @@ def main():
     ap.add_argument("--check-aims", action="store_true")
     a = ap.parse_args()
     rows, skipped = [], []
-    for f in (vllm_rows, sglang_rows, llamacpp_rows):
+    for f in (vllm_rows, sglang_rows, tgi_rows, llamacpp_rows):
         r, s = f(a.gpumem)
         rows += r
         skipped += [(f"{f.__name__[:-5]}:{i}", why) for i, why in s]

@@ -240,3 +240,40 @@ TEST(Serving, SglangDefaultMemFraction) {
     EXPECT_DOUBLE_EQ(sglang_default_mem_fraction("0.4.6", 23034, 4, 1, 2048, 80), 0.85);
     EXPECT_DOUBLE_EQ(sglang_default_mem_fraction("0.4.6", 81559, 1, 1, 8192, 160), 0.88);
 }
+
+// TGI (docs/research/tgi.md). The launcher's default prefill budget for
+// Llama-3.1-8B on one H100 is 900 TFLOP/s / 15.03 GFLOP per token = 59,870
+// (launcher/src/main.rs L28-46, L2114-2154; the research note's independent
+// re-implementation gives the same). The KV pool follows the v3.3 warmup
+// formula: blocks = floor((F1 - (1 - MF x 0.90) x T) / block) + the warmup's
+// blocks, F1 = T - (context + weights + flashinfer's 128 MiB + activations +
+// the warmup's KV); flashinfer's block is one token of 32 x 2 x 8 x 128 x 2 B.
+TEST(Serving, TgiWarmupFormula) {
+    EstimateRequest job;
+    job.gpu = "H100-80GB";
+    ServingOptions o;
+    o.command = {"text-generation-launcher", "--model-id", "meta-llama/Llama-3.1-8B-Instruct", "--cuda-memory-fraction", "0.8", "--port", "8080"};
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const ServingResult& x = r.value();
+    EXPECT_EQ(x.engine, "tgi");
+    EXPECT_EQ(x.max_num_batched_tokens, 59870);
+    EXPECT_EQ(x.block_size, 1);
+    const double T = static_cast<double>(x.per_gpu.capacity.count());
+    const std::int64_t block = 32 * 2 * 8 * 128 * 2;
+    const double used = static_cast<double>((x.per_gpu.cuda_context + x.per_gpu.weights + MiB(128) + x.per_gpu.activation_peak).count()) + 59870.0 * block;
+    const double F1 = T - used;
+    const auto blocks = static_cast<std::int64_t>(std::floor((F1 - (1.0 - 0.8 * 0.90) * T) / block)) + 59870;
+    EXPECT_EQ(x.kv_cache_tokens, blocks);
+    // max_total_tokens defaults to min(KV tokens, the model's 131072 positions).
+    EXPECT_EQ(x.max_model_len, std::min<std::int64_t>(blocks, 131072));
+
+    ServingOptions bad;
+    bad.command = {"text-generation-launcher", "--model-id", "x", "--quantize", "awq"};
+    EXPECT_FALSE(serving_memory(job, bad).ok());
+    ServingOptions shards;  // 8 KV heads cannot be split over 3 shards
+    shards.command = {"text-generation-launcher", "--model-id", "meta-llama/Llama-3.1-8B-Instruct", "--num-shard", "3"};
+    const auto e = serving_memory(job, shards);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().field, "tp");
+}
