@@ -104,6 +104,43 @@ def vllm_rows(gpumem):
     return scored, skipped
 
 
+def vllm_hybrid_rows(gpumem):
+    """The v0.19 logs of models with sliding-window, chunked, MLA or Mamba layers
+    (tests/fixtures/groundtruth/vllm_hybrid_logs.json) that are not in the main file."""
+    main = {r["id"] for r in json.load(open(os.path.join(FIX, "vllm_startup_logs.json")))["rows"]}
+    fx = json.load(open(os.path.join(FIX, "vllm_hybrid_logs.json")))
+    scored, skipped = [], []
+    for r in fx["rows"]:
+        rid = r["id"]
+        if rid in main:
+            continue
+        st = r.get("settings") or {}
+        gib = None
+        if "log:" in (r.get("gpu") or ""):
+            gib = float(r["gpu"].split("log:")[1].split("GiB")[0])
+        gf = gpu_flags(r.get("gpu") or "", gib)
+        if gf is None or st.get("quantization") or st.get("gpu_memory_utilization") is None:
+            skipped.append((rid, "GPU, utilization or quantization not expressible"))
+            continue
+        args = ["serving", r["model"], *gf, "--tp", str(r.get("tp", 1)), "--gpu-memory-utilization", str(st["gpu_memory_utilization"]),
+                "--max-model-len", str(st["max_model_len"]), "--max-num-batched-tokens", str(st["max_num_batched_tokens"])]
+        if st.get("max_num_seqs"):
+            args += ["--max-num-seqs", str(st["max_num_seqs"])]
+        out, err = run(gpumem, args)
+        if out is None:
+            skipped.append((rid, err))
+            continue
+        row = {"engine": "vllm", "id": rid, "command": "gpumem " + shlex.join(args), "errors": {}}
+        for q in r.get("quotes", []):
+            if q.startswith("Model loading took"):
+                row["errors"]["weights"] = pct(out["per_gpu"]["weights"] / GIB, float(q.split("took")[1].split("GiB")[0]))
+        row["errors"]["kv_pool"] = pct(out["per_gpu"]["kv_cache"] / GIB, r["available_kv_gib"])
+        row["errors"]["kv_tokens"] = pct(out["kv_cache_tokens"], r["kv_tokens"])
+        row["errors"]["concurrency"] = pct(out["max_concurrency"], r["max_concurrency"])
+        scored.append(row)
+    return scored, skipped
+
+
 def sglang_rows(gpumem):
     fx = json.load(open(os.path.join(FIX, "sglang_startup_logs.json")))
     scored, skipped = [], []
@@ -149,6 +186,7 @@ LLAMACPP = {
     "metal-llama3-8b-np1": ("llama-3-8b", "2026-04"), "metal-llama3-8b-np4": ("llama-3-8b", "2026-04"),
     "metal-llama3-8b-q8kv": ("llama-3-8b", "2026-04"), "cpu-llama31-8b-q3kl-131k": ("llama-3.1-8b", "2025-06"),
     "graviton3-dolphin-llama31-8b-q4_0": ("llama-3.1-8b", "2025-06"), "ollama-gb10-llama31-8b-q4_0": ("llama-3.1-8b", "2026-04"),
+    "qwen3-4b-q4km": ("qwen3-4b", "2026-04"), "jina-v4-qwen25vl3b-q8_0-ub4096": ("qwen2.5-3b-instruct", "2025-06"),
 }
 
 
@@ -278,10 +316,10 @@ def main():
     ap.add_argument("--check-aims", action="store_true")
     a = ap.parse_args()
     rows, skipped = [], []
-    for f in (vllm_rows, sglang_rows, tgi_rows, llamacpp_rows):
+    for f in (vllm_rows, vllm_hybrid_rows, sglang_rows, tgi_rows, llamacpp_rows):
         r, s = f(a.gpumem)
         rows += r
-        skipped += [(f"{f.__name__[:-5]}:{i}", why) for i, why in s]
+        skipped += [(f"{f.__name__[:-5].replace('_hybrid', '')}:{i}", why) for i, why in s]
     s = summary(rows)
     if a.json:
         print(json.dumps({"rows": rows, "skipped": skipped, "summary": s}, indent=1))

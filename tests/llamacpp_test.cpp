@@ -49,6 +49,8 @@ const std::map<std::string, Case> kCases = {
     {"cpu-llama31-8b-q3kl-131k", {"llama-3.1-8b", "2025-06"}},
     {"graviton3-dolphin-llama31-8b-q4_0", {"llama-3.1-8b", "2025-06"}},
     {"ollama-gb10-llama31-8b-q4_0", {"llama-3.1-8b", "2026-04"}},
+    {"qwen3-4b-q4km", {"qwen3-4b", "2026-04"}},
+    {"jina-v4-qwen25vl3b-q8_0-ub4096", {"qwen2.5-3b-instruct", "2025-06"}},  // the VL model's text stack: Qwen2.5-3B's shape
 };
 
 // The Pythia CI rows name the file type by its file (q3_k = Q3_K_M, q4_k = Q4_K_M, q5_k = Q5_K_M).

@@ -502,42 +502,42 @@ TEST(HfCache, NotFoundNamesTheCacheAndTheDownloadCommand) {
     const fs::path hub = fs::path(d.str()) / "empty-hub";
     EnvGuard env{{"HF_HUB_CACHE", hub.c_str()}, {"HUGGINGFACE_HUB_CACHE", nullptr}};
 
-    auto r = load_model("Qwen/Qwen3-8B");
+    auto r = load_model("example-org/Unlisted-8B");
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code, ErrorCode::NotFound);
-    EXPECT_EQ(r.error().field, "Qwen/Qwen3-8B");
+    EXPECT_EQ(r.error().field, "example-org/Unlisted-8B");
     const std::string& m = r.error().message;
-    EXPECT_NE(m.find("unknown model \"Qwen/Qwen3-8B\""), std::string::npos) << m;
+    EXPECT_NE(m.find("unknown model \"example-org/Unlisted-8B\""), std::string::npos) << m;
     EXPECT_NE(m.find("not a built-in preset"), std::string::npos) << m;
     EXPECT_NE(m.find("not a file or folder"), std::string::npos) << m;
-    EXPECT_NE(m.find("not in the Hugging Face cache (" + hub.string() + " has no models--Qwen--Qwen3-8B"),
+    EXPECT_NE(m.find("not in the Hugging Face cache (" + hub.string() + " has no models--example-org--Unlisted-8B"),
               std::string::npos)
         << m;
-    EXPECT_NE(m.find("huggingface-cli download Qwen/Qwen3-8B config.json"), std::string::npos) << m;
-    EXPECT_NE(m.find("hf download Qwen/Qwen3-8B config.json"), std::string::npos) << m;
+    EXPECT_NE(m.find("huggingface-cli download example-org/Unlisted-8B config.json"), std::string::npos) << m;
+    EXPECT_NE(m.find("hf download example-org/Unlisted-8B config.json"), std::string::npos) << m;
     EXPECT_NE(m.find("then re-run"), std::string::npos) << m;
 
-    auto direct = load_hf_cached("Qwen/Qwen3-8B");
+    auto direct = load_hf_cached("example-org/Unlisted-8B");
     ASSERT_FALSE(direct.ok());
     EXPECT_EQ(direct.error().code, ErrorCode::NotFound);
     EXPECT_NE(direct.error().message.find(hub.string()), std::string::npos) << direct.error().message;
 
     // In the cache, but only the weights were fetched: that is said, with the fix.
-    const fs::path repo = hub / "models--Qwen--Qwen3-8B";
+    const fs::path repo = hub / "models--example-org--Unlisted-8B";
     fs::create_directories(repo / "snapshots" / kCommitMain);
     write_ref(repo, "main", kCommitMain);
-    auto partial = load_model("Qwen/Qwen3-8B");
+    auto partial = load_model("example-org/Unlisted-8B");
     ASSERT_FALSE(partial.ok());
     EXPECT_EQ(partial.error().code, ErrorCode::NotFound);
     EXPECT_NE(partial.error().message.find("no snapshot there has a config.json"), std::string::npos)
         << partial.error().message;
-    EXPECT_NE(partial.error().message.find("huggingface-cli download Qwen/Qwen3-8B config.json"), std::string::npos);
+    EXPECT_NE(partial.error().message.find("huggingface-cli download example-org/Unlisted-8B config.json"), std::string::npos);
 
     // Not an id at all.
     auto bad = load_hf_cached("../etc/passwd");
     ASSERT_FALSE(bad.ok());
     EXPECT_EQ(bad.error().code, ErrorCode::InvalidArgument);
-    auto traversal = load_model("Qwen/Qwen3-8B@../../x");
+    auto traversal = load_model("example-org/Unlisted-8B@../../x");
     ASSERT_FALSE(traversal.ok());
     EXPECT_EQ(traversal.error().message.find("Hugging Face cache"), std::string::npos) << traversal.error().message;
 }

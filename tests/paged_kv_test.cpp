@@ -20,8 +20,9 @@ using namespace gpumem;
 namespace {
 
 const std::map<std::string, std::string> kPresets = {
-    {"meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"},
-    {"Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"},
+    {"meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"}, {"Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct"},
+    {"Qwen/Qwen3-8B", "qwen3-8b"},                         {"microsoft/phi-4", "phi-4"},
+    {"google/gemma-2-9b-it", "gemma-2-9b-it"},             {"Qwen/Qwen2.5-72B-Instruct", "qwen2.5-72b-instruct"},
 };
 
 }  // namespace
@@ -39,16 +40,17 @@ TEST(PagedKv, VllmLogsBlocksTokensAndConcurrency) {
         r.tp = row["tensor_parallel_size"].get<std::int64_t>();
         r.max_model_len = row["max_model_len"].get<std::int64_t>();
         r.kv_dtype = row["kv_cache_dtype"] == "fp8" ? DType::F8_E4M3 : DType::BF16;
+        if (!row["max_num_batched_tokens"].is_null()) r.max_num_batched_tokens = row["max_num_batched_tokens"].get<std::int64_t>();
         // The log rounds the budget to 0.01 GiB: the blocks agree within that.
         const double gib = row["available_kv_cache_gib"].get<double>();
         r.available = {Bytes(static_cast<std::int64_t>(gib * 1073741824.0))};
         const auto res = paged_kv_cache(*g.value().transformer, r);
         ASSERT_TRUE(res.ok()) << res.error().message;
         const std::int64_t logged = row["num_gpu_blocks"].get<std::int64_t>();
-        const double slack = std::ceil(0.005 * 1073741824.0 / static_cast<double>(res.value().stages[0].page.count() * res.value().stages[0].layers));
+        const double slack = std::ceil(0.005 * 1073741824.0 / static_cast<double>(res.value().stages[0].page.count() * res.value().group_size));
         EXPECT_NEAR(static_cast<double>(res.value().num_blocks), static_cast<double>(logged), slack) << row["id"];
         // From the logged blocks, the logged tokens and concurrency exactly.
-        r.available = {res.value().stages[0].page * checked_mul(logged, res.value().stages[0].layers)};
+        r.available = {res.value().stages[0].page * checked_mul(logged, res.value().group_size)};
         const auto at = paged_kv_cache(*g.value().transformer, r);
         ASSERT_TRUE(at.ok());
         EXPECT_EQ(at.value().num_blocks, logged) << row["id"];
@@ -103,4 +105,69 @@ TEST(PagedKv, OneRequestMustFitAndHeadsReplicate) {
     EXPECT_EQ(paged_kv_cache(*g.value().transformer, r).value().stages[0].kv_heads, 1);
     r.tp = 4;
     EXPECT_EQ(paged_kv_cache(*g.value().transformer, r).value().stages[0].kv_heads, 2);
+}
+
+// Gemma-2-9B (42 layers, even ones sliding over 4096 tokens; 8 KV heads x 256)
+// on one H100, vLLM 0.19, max_model_len 8192, max_num_batched_tokens 8192: two
+// groups of 21 layers share blocks of 16 x 8 x 256 x 2 x 2 B = 131,072 B; the
+// log (llm-d-planner v0.19.0, tests/fixtures/groundtruth/vllm_startup_logs.json
+// llmd-h100-gemma2-9b-tp1) prints num_gpu_blocks 21110, "GPU KV cache size:
+// 168,880 tokens" (21110 // 2 x 16) and "Maximum concurrency for 8,192 tokens
+// per request: 20.60x" (21110 / (512 + cdiv(min(4095 + 8192, 8192), 16) + 1)).
+TEST(PagedKv, SlidingWindowGroupsGemma2) {
+    const auto g = load_model("gemma-2-9b-it");
+    ASSERT_TRUE(g.ok());
+    const TransformerDims& d = *g.value().transformer;
+    EXPECT_EQ(d.sliding_window, 4096);
+    PagedKvRequest r;
+    r.max_model_len = 8192;
+    r.max_num_batched_tokens = 8192;
+    r.available = {Bytes(21110LL * 21 * 131072)};
+    const auto res = paged_kv_cache(d, r);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    EXPECT_EQ(res.value().groups, 2);
+    EXPECT_EQ(res.value().group_size, 21);
+    EXPECT_EQ(res.value().stages[0].page.count(), 131072);
+    EXPECT_EQ(res.value().num_blocks, 21110);
+    EXPECT_EQ(res.value().kv_cache_tokens, 168880);
+    EXPECT_NEAR(res.value().max_concurrency, 20.60, 0.005);
+}
+
+// Parameter counts of the 2025-26 presets from their config.json by the
+// architecture's own formula (transformers modeling_qwen3.py / modeling_qwen3_moe.py):
+// embeddings V x H (tied: once), per layer q, k, v, o, the MLP (gate, up, down;
+// MoE: a router H x E and E experts of 3 x H x moe_I), two norms of H and the
+// q/k norms of head_dim, and the final norm. Qwen3-8B's card says 8.2B,
+// Qwen3-30B-A3B's 30.5B.
+TEST(Presets, Qwen3CountsByFormula) {
+    const auto count = [](std::int64_t V, std::int64_t H, std::int64_t L, std::int64_t nh, std::int64_t nkv, std::int64_t hd, std::int64_t I,
+                          std::int64_t E, std::int64_t moeI, bool tied) {
+        const std::int64_t attn = H * nh * hd + 2 * H * nkv * hd + nh * hd * H;
+        const std::int64_t mlp = E > 0 ? H * E + E * 3 * H * moeI : 3 * H * I;
+        return V * H * (tied ? 1 : 2) + L * (attn + mlp + 2 * H + 2 * hd) + H;
+    };
+    EXPECT_EQ(load_model("qwen3-8b").value().total_params(), count(151936, 4096, 36, 32, 8, 128, 12288, 0, 0, false));
+    EXPECT_EQ(load_model("qwen3-0.6b").value().total_params(), count(151936, 1024, 28, 16, 8, 128, 3072, 0, 0, true));
+    EXPECT_EQ(load_model("qwen3-30b-a3b").value().total_params(), count(151936, 2048, 48, 32, 4, 128, 6144, 128, 768, false));
+    EXPECT_NEAR(static_cast<double>(load_model("qwen3-8b").value().total_params()) / 1e9, 8.2, 0.05);
+    EXPECT_NEAR(static_cast<double>(load_model("qwen3-30b-a3b").value().total_params()) / 1e9, 30.5, 0.05);
+}
+
+// DeepSeek-V2-Lite (MLA: one latent of kv_lora_rank 512 + rope 64 per token
+// and layer, 27 layers) on one H100, vLLM 0.19: a block is 16 x 576 x 2 B =
+// 18,432 B per layer; the log (tests/fixtures/groundtruth/vllm_hybrid_logs.json
+// llmd-h100-deepseek-v2-lite-tp1) prints 1,505,552 tokens (94,097 blocks of 16)
+// and "Maximum concurrency for 8,192 tokens per request: 183.78x" (94,097 / 512).
+TEST(PagedKv, MlaLatentPages) {
+    const auto g = load_model("deepseek-v2-lite");
+    ASSERT_TRUE(g.ok());
+    PagedKvRequest r;
+    r.max_model_len = 8192;
+    r.tp = 2;  // the latent is not split by tensor parallelism
+    r.available = {Bytes(94097LL * 27 * 18432)};
+    const auto res = paged_kv_cache(*g.value().transformer, r);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    EXPECT_EQ(res.value().stages[0].page.count(), 18432);
+    EXPECT_EQ(res.value().kv_cache_tokens, 1505552);
+    EXPECT_NEAR(res.value().max_concurrency, 183.78, 0.005);
 }

@@ -27,9 +27,8 @@ Bytes kv_token_bytes_per_layer(const TransformerDims& d, std::int64_t tp, DType 
 
 Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequest& r) {
     return capture([&]() -> PagedKvResult {
-        if (d.layers <= 0 || d.kv_heads <= 0 || d.head_dim <= 0)
+        if (d.layers <= 0 || (!d.latent_kv && (d.kv_heads <= 0 || d.head_dim <= 0)))
             fail(ErrorCode::InvalidArgument, "model", "the model has no attention layers with key/value heads to cache");
-        if (d.latent_kv) fail(ErrorCode::InvalidArgument, "model", "MLA latent KV caches (DeepSeek) are not modelled for serving yet");
         check(r.tp >= 1, "tp", "--tp must be a positive integer");
         check(r.pp >= 1 && r.pp <= d.layers, "pp", "--pp must be between 1 and the model's " + std::to_string(d.layers) + " layers");
         check(r.block_size >= 1, "block-size", "--block-size must be a positive integer");
@@ -37,31 +36,72 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
         check(r.available.size() == 1 || static_cast<std::int64_t>(r.available.size()) == r.pp, "available",
               "one KV budget, or one per pipeline stage");
         PagedKvResult out;
-        out.blocks_per_request = (r.max_model_len + r.block_size - 1) / r.block_size;
-        const std::int64_t kv_heads = std::max<std::int64_t>(1, d.kv_heads / r.tp);
-        const Bytes page = kv_token_bytes_per_layer(d, r.tp, r.kv_dtype) * r.block_size;
+        const std::int64_t L = r.max_model_len, bs = r.block_size;
+        const std::int64_t kv_heads = d.latent_kv ? 1 : std::max<std::int64_t>(1, d.kv_heads / r.tp);
+        const Bytes page = kv_token_bytes_per_layer(d, r.tp, r.kv_dtype) * bs;
+        // Layers by attention type, then vLLM's groups (layers[i::k] of a type).
+        std::vector<std::int64_t> full, sliding;
+        for (std::int64_t l = 0; l < d.layers; ++l) {
+            const bool sw = d.sliding_window > 0 && static_cast<std::size_t>(l) < d.sliding_layers.size() && d.sliding_layers[static_cast<std::size_t>(l)];
+            (sw ? sliding : full).push_back(l);
+        }
+        std::int64_t gs = static_cast<std::int64_t>(std::max(full.size(), sliding.size()));
+        if (!full.empty() && !sliding.empty()) {
+            const auto lo = static_cast<std::int64_t>(std::min(full.size(), sliding.size()));
+            const auto hi = static_cast<std::int64_t>(std::max(full.size(), sliding.size()));
+            gs = 2 * hi < 3 * lo ? hi : lo;  // max < 1.5 x min: one group per type
+        }
+        struct Group {
+            std::vector<std::int64_t> layers;
+            std::int64_t per_request = 0;  // blocks one request of L tokens holds
+        };
+        std::vector<Group> groups;
+        const std::int64_t mnbt = r.max_num_batched_tokens > 0 ? r.max_num_batched_tokens : L;
+        const auto add_type = [&](const std::vector<std::int64_t>& ls, bool sw) {
+            if (ls.empty()) return;
+            const auto n = static_cast<std::int64_t>(ls.size());
+            const std::int64_t k = (n + gs - 1) / gs;
+            for (std::int64_t i = 0; i < k; ++i) {
+                Group g;
+                for (std::int64_t j = i; j < n; j += k) g.layers.push_back(ls[static_cast<std::size_t>(j)]);
+                g.per_request = sw ? (std::min(d.sliding_window - 1 + mnbt, L) + bs - 1) / bs + 1 : (L + bs - 1) / bs;
+                groups.push_back(std::move(g));
+            }
+        };
+        add_type(full, false);
+        add_type(sliding, true);
+        out.groups = static_cast<std::int64_t>(groups.size());
+        out.group_size = gs;
+        for (const Group& g : groups) out.blocks_per_request += g.per_request;
+        // Each pipeline stage holds its layers of every group; its tensors are
+        // as many as its largest group (_project_kv_cache_groups_to_worker).
         const auto layers = vllm_pp_layers(d.layers, r.pp);
-        bool first = true;
+        std::int64_t first_layer = 0;
+        out.fits_one_request = true;
         for (std::size_t s = 0; s < layers.size(); ++s) {
             PagedKvStage st;
             st.layers = layers[s];
             st.kv_heads = kv_heads;
             st.page = page;
+            std::int64_t stage_gs = 0, need_pages = 0;
+            for (const Group& g : groups) {
+                const auto in = static_cast<std::int64_t>(std::count_if(g.layers.begin(), g.layers.end(),
+                                                                        [&](std::int64_t l) { return l >= first_layer && l < first_layer + st.layers; }));
+                stage_gs = std::max(stage_gs, in);
+                if (in > 0) need_pages += g.per_request;
+            }
+            if (r.pp == 1) stage_gs = gs;  // padding layers count on a single stage
+            first_layer += st.layers;
             const Bytes avail = r.available.size() == 1 ? r.available[0] : r.available[s];
-            st.blocks = avail > Bytes(0) ? avail.count() / page.count() / std::max<std::int64_t>(1, st.layers) : 0;
-            out.num_blocks = first ? st.blocks : std::min(out.num_blocks, st.blocks);
-            first = false;
-            const Bytes need = page * checked_mul(st.layers, out.blocks_per_request);
+            st.blocks = avail > Bytes(0) ? avail.count() / page.count() / std::max<std::int64_t>(1, stage_gs) : 0;
+            out.num_blocks = s == 0 ? st.blocks : std::min(out.num_blocks, st.blocks);
+            const Bytes need = page * checked_mul(stage_gs, need_pages);
             out.needed_per_request = std::max(out.needed_per_request, need);
+            if (need > avail) out.fits_one_request = false;
             out.stages.push_back(st);
         }
-        out.fits_one_request = true;
-        for (std::size_t s = 0; s < layers.size(); ++s) {
-            const Bytes avail = r.available.size() == 1 ? r.available[0] : r.available[s];
-            if (page * checked_mul(out.stages[s].layers, out.blocks_per_request) > avail) out.fits_one_request = false;
-        }
         out.max_concurrency = static_cast<double>(out.num_blocks) / static_cast<double>(out.blocks_per_request);
-        out.kv_cache_tokens = static_cast<std::int64_t>(out.max_concurrency * static_cast<double>(r.max_model_len));
+        out.kv_cache_tokens = checked_mul(out.num_blocks / out.groups, bs);
         return out;
     });
 }

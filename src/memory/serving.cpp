@@ -706,6 +706,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         kr.block_size = out.block_size;
         kr.max_model_len = out.max_model_len;
         kr.kv_dtype = sv.kv_dt;
+        kr.max_num_batched_tokens = out.max_num_batched_tokens;
         std::vector<ServingPerGpu> ranks;
         for (std::size_t s = 0; s < par.stages.size(); ++s) {
             ServingPerGpu r;

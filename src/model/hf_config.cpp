@@ -24,6 +24,7 @@ const std::vector<std::string>& supported_model_types() {
     static const std::vector<std::string> types = {
         "bert",  "deepseek_v2", "deepseek_v3", "falcon", "gemma", "gemma2",  "gpt2", "gpt_bigcode", "gpt_neox", "llama",
         "mistral", "mixtral",   "opt",         "phi",    "phi3",  "qwen2",   "qwen2_moe", "roberta",  "t5",
+        "qwen3",   "qwen3_moe", "granite",     "kimi_k2",
     };
     return types;
 }
@@ -173,6 +174,18 @@ public:
         return out;
     }
 
+    std::vector<std::string> string_list(const char* key) const {
+        std::vector<std::string> out;
+        const json* v = find({key});
+        if (v == nullptr || v->is_null()) return out;
+        if (!v->is_array()) bad(key, "must be a list of strings (got " + short_json(*v) + ")");
+        for (const auto& e : *v) {
+            if (!e.is_string()) bad(key, "must be a list of strings (got " + short_json(e) + ")");
+            out.push_back(e.get<std::string>());
+        }
+        return out;
+    }
+
     void note_default(const std::string& field, const std::string& value) {
         spec_.notes.push_back(field + "=" + value + " (" + cls_ + " default)");
     }
@@ -269,6 +282,10 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     else if (type == "gemma2") d = {256000, 2304, 9216, 26, 8, 4, 8192, 1e-6, true, "gelu_pytorch_tanh"};
     else if (type == "phi3") d = {32064, 3072, 8192, 32, 32, std::nullopt, 4096, 1e-5, false, "silu"};
     else if (type == "deepseek_v2") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
+    // Qwen3Config / Qwen3MoeConfig / GraniteConfig defaults (transformers configuration_*.py).
+    else if (type == "qwen3") d = {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, false, "silu"};
+    else if (type == "qwen3_moe") d = {151936, 2048, 6144, 24, 32, 4, 32768, 1e-6, false, "silu"};
+    else if (type == "granite") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
     else /* deepseek_v3 */ d = {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, false, "silu"};
 
     s.vocab = r.integer({"vocab_size"}, d.vocab);
@@ -293,7 +310,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     s.act = r.string({"hidden_act"}, d.act);
     s.attn_dropout = r.number({"attention_dropout"}, 0.0, true);
 
-    const bool deepseek = type == "deepseek_v2" || type == "deepseek_v3";
+    const bool deepseek = type == "deepseek_v2" || type == "deepseek_v3" || type == "kimi_k2";
     if (!deepseek) {
         std::string hd_key = "head_dim";
         auto hd = r.optional_integer({"head_dim"});
@@ -309,12 +326,48 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     }
 
     // Biases: each family hard-codes or configures them differently.
-    if (type == "llama" || type == "gemma" || type == "gemma2") {
+    if (type == "llama" || type == "gemma" || type == "gemma2" || type == "qwen3" || type == "qwen3_moe" || type == "granite") {
         const bool ab = r.boolean({"attention_bias"}, false);
         s.qkv_bias = ab;
         s.o_bias = ab;
     }
-    if (type == "llama") s.mlp_bias = r.boolean({"mlp_bias"}, false);
+    if (type == "llama" || type == "granite") s.mlp_bias = r.boolean({"mlp_bias"}, false);
+    if (type == "qwen3" || type == "qwen3_moe") s.qk_norm = true;  // Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
+    if (type == "qwen3_moe") {
+        s.experts = r.integer({"num_experts"}, 128, 0);
+        s.experts_per_token = r.integer({"num_experts_per_tok"}, 8);
+        s.moe_intermediate = r.integer({"moe_intermediate_size"}, 768);
+        const std::int64_t step = r.integer({"decoder_sparse_step"}, 1);
+        const auto mlp_only = r.int_list("mlp_only_layers");
+        s.sparse_layers.assign(static_cast<std::size_t>(s.layers), false);
+        for (std::int64_t i = 0; i < s.layers; ++i) {
+            const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+            s.sparse_layers[static_cast<std::size_t>(i)] = !only && s.experts > 0 && (i + 1) % step == 0;
+        }
+    }
+    // Sliding-window attention, per layer: an explicit layer_types list
+    // (newer configs), else each family's rule.
+    {
+        const std::int64_t window = r.present_non_null({"sliding_window"}) ? r.integer({"sliding_window"}, 0, 0) : 0;
+        std::vector<bool> sl;
+        if (r.present_non_null({"layer_types"}) && window > 0) {
+            const auto types = r.string_list("layer_types");
+            if (static_cast<std::int64_t>(types.size()) != s.layers) r.bad("layer_types", "must list one type per layer (" + std::to_string(s.layers) + ")");
+            for (const auto& t : types) sl.push_back(t == "sliding_attention");
+        } else if (type == "gemma2" && window > 0) {
+            for (std::int64_t i = 0; i < s.layers; ++i) sl.push_back(i % 2 == 0);  // Gemma2DecoderLayer: is_sliding = not layer_idx % 2
+        } else if (type == "mistral" && window > 0) {
+            sl.assign(static_cast<std::size_t>(s.layers), true);  // MistralAttention: every layer
+        } else if ((type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe") && window > 0 &&
+                   r.boolean({"use_sliding_window"}, false)) {
+            const std::int64_t from = r.integer({"max_window_layers"}, s.layers, 0);
+            for (std::int64_t i = 0; i < s.layers; ++i) sl.push_back(i >= from);
+        }
+        if (std::find(sl.begin(), sl.end(), true) != sl.end()) {
+            s.sliding_window = window;
+            s.sliding_layers = sl;
+        }
+    }
     if (type == "qwen2") {
         s.qkv_bias = true;  // Qwen2Attention: q/k/v bias=True, o_proj bias=False (hard-coded)
         s.o_bias = false;
@@ -363,7 +416,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         }
     }
     if (deepseek) {
-        const bool v3 = type == "deepseek_v3";
+        const bool v3 = type == "deepseek_v3" || type == "kimi_k2";
         s.mla = true;
         const std::int64_t q_def = 1536;
         // q_lora_rank: null means None (plain q_proj, e.g. DeepSeek-V2-Lite); missing takes the default.
@@ -683,7 +736,8 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             {"llama", "Llama"},     {"mistral", "Mistral"},    {"mixtral", "Mixtral"},
             {"qwen2", "Qwen2"},     {"qwen2_moe", "Qwen2Moe"}, {"gemma", "Gemma"},
             {"gemma2", "Gemma2"},   {"phi3", "Phi3"},          {"deepseek_v2", "DeepseekV2"},
-            {"deepseek_v3", "DeepseekV3"},
+            {"deepseek_v3", "DeepseekV3"}, {"qwen3", "Qwen3"},       {"qwen3_moe", "Qwen3Moe"},
+            {"granite", "Granite"},         {"kimi_k2", "DeepseekV3"},
         };
         std::string prefix;
         for (const auto& [t, p] : classes)
@@ -691,6 +745,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         Reader r(j, origin, prefix + "Config", s);
         read_llama_like(r, s, type);
         pick_head(j, s, {prefix + "ForCausalLM", prefix + "Model", "", "", H::CausalLM});
+        if (type == "kimi_k2") s.model_type = "deepseek_v3";  // Kimi K2 is DeepseekV3ForCausalLM
     }
     return s;
 }

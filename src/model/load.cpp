@@ -136,6 +136,7 @@ const PresetTable& preset_table() {
             if (index.is_object() && index.contains(info.name) && index[info.name].is_object()) {
                 const auto& e = index[info.name];
                 if (e.contains("hf_id") && e["hf_id"].is_string()) info.hf_id = e["hf_id"].get<std::string>();
+                if (e.contains("source") && e["source"].is_string()) info.source = e["source"].get<std::string>();
                 if (e.contains("same_architecture") && e["same_architecture"].is_array())
                     for (const auto& id : e["same_architecture"])
                         if (id.is_string()) info.same_architecture.push_back(id.get<std::string>());

@@ -148,8 +148,12 @@ Names names_for(const S& s) {
     } else if (t == "qwen2_moe") {
         n.shared = "mlp.shared_expert";
         n.shared_gate = "mlp.shared_expert_gate";
-    } else if (t == "deepseek_v2" || t == "deepseek_v3") {
+    } else if (t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2") {
         n.router_linear_weight = false;
+    }
+    if (t == "qwen3" || t == "qwen3_moe") {  // Qwen3Attention q_norm / k_norm
+        n.attn.q_norm = "self_attn.q_norm";
+        n.attn.k_norm = "self_attn.k_norm";
     }
     return n;
 }
@@ -330,7 +334,10 @@ TensorId attention(Ctx& c, TensorId x, const AttnOpts& a) {
         k = linear(c, src, h, KV * d, s.qkv_bias, nm.k, Component::Attention);
         v = linear(c, src, h, KV * d, s.qkv_bias, nm.v, Component::Attention);
     }
-    if (s.qk_norm) {
+    if (s.qk_norm && s.norm == S::Norm::RMSNorm) {  // Qwen3Attention: q_norm / k_norm = RMSNorm(head_dim)
+        q = B.rmsnorm(q, d, nm.q_norm, Component::Attention);
+        k = B.rmsnorm(k, d, nm.k_norm, Component::Attention);
+    } else if (s.qk_norm) {
         q = B.layernorm(q, d, true, nm.q_norm, Component::Attention);
         k = B.layernorm(k, d, true, nm.k_norm, Component::Attention);
     }
@@ -820,6 +827,8 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
     d.experts = s.experts;
     d.experts_per_token = s.experts_per_token;
     d.encoder_decoder = s.model_type == "t5";
+    d.sliding_window = s.sliding_window;
+    d.sliding_layers = s.sliding_layers;
     if (s.mla) {
         d.latent_kv = true;
         d.kv_elements_per_token = checked_mul(s.layers, s.kv_lora_rank + s.qk_rope_head_dim);

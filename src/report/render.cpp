@@ -470,16 +470,23 @@ std::string render_params(const ModelGraph& g, const ParamSummary& s, Format f) 
 
 nlohmann::json models_to_json(const std::vector<PresetInfo>& p) {
     nlohmann::json j = nlohmann::json::array();
-    for (const auto& m : p) j.push_back({{"name", m.name}, {"model_type", m.model_type}, {"hf_id", m.hf_id}});
+    for (const auto& m : p) j.push_back({{"name", m.name}, {"model_type", m.model_type}, {"hf_id", m.hf_id}, {"source", m.source}});
     return {{"models", j}};
 }
 
 std::string render_models(const std::vector<PresetInfo>& p, Format f) {
     if (f == Format::Json) return models_to_json(p).dump(2) + "\n";
     Table t;
+    const bool sources = f == Format::Csv || f == Format::Markdown;  // too wide for the terminal table
     t.header = {"name", "model_type", "hugging face id"};
-    for (const auto& m : p) t.rows.push_back({m.name, m.model_type, m.hf_id});
-    return render_table(t, f);
+    if (sources) t.header.push_back("config source");
+    for (const auto& m : p) {
+        t.rows.push_back({m.name, m.model_type, m.hf_id});
+        if (sources) t.rows.back().push_back(m.source);
+    }
+    std::string out = render_table(t, f);
+    if (!sources) out += "\nwhere each config.json came from: gpumem models --format json (or csv, markdown)\n";
+    return out;
 }
 
 nlohmann::json gpus_to_json(const std::vector<GpuSpec>& gs) {

@@ -860,6 +860,7 @@ class ModelsDictModelsItem(TypedDict, total=False):
     hf_id: str
     model_type: str
     name: str
+    source: str
 
 class ModelsDict(TypedDict, total=False):
     models: List[ModelsDictModelsItem]

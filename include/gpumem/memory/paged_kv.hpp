@@ -7,7 +7,17 @@
 // blocks are budget // page // its layers, and every rank keeps the minimum
 // over ranks. From the blocks come the two figures its log prints:
 // "Maximum concurrency for L tokens per request: x" with x = blocks /
-// cdiv(L, block_size), and "GPU KV cache size: N tokens" with N = int(x * L).
+// cdiv(L, block_size), and "GPU KV cache size: N tokens" with N = blocks //
+// groups x block_size (v0.19; v0.27 prints int(x * L)).
+// Models with sliding-window layers (Gemma 2, gpt-oss, Mistral v0.1) get
+// vLLM's hybrid layout (v0.19, kv_cache_utils.py _get_kv_cache_groups_uniform_page_size
+// L959-1078): layers bucketed by type, group_size = the smaller bucket (the
+// larger when it is under 1.5x the smaller), each type in cdiv(n, group_size)
+// groups sharing one pool of blocks = budget // page // group_size; a request
+// of L tokens needs cdiv(L, bs) blocks in a full group and cdiv(min(W - 1 +
+// max_num_batched_tokens, L), bs) + 1 in a sliding one (kv_cache_interface.py
+// L251-270); MLA caches one latent of kv_lora_rank + rope dims per token and
+// layer, unsplit by tensor parallelism. docs/research/vllm_hybrid.md.
 // Sources (vllm-project/vllm, release v0.27.1 = 6e448d0ea9bf):
 // vllm/v1/kv_cache_interface.py AttentionSpec.real_page_size_bytes;
 // vllm/v1/core/kv_cache_utils.py get_num_blocks, get_kv_cache_configs (the
@@ -35,6 +45,7 @@ struct PagedKvRequest {
     std::int64_t block_size = 16;   // vLLM's CUDA default
     std::int64_t max_model_len = 0; // tokens per request
     DType kv_dtype = DType::BF16;   // kv_cache_dtype "auto" = the model's dtype
+    std::int64_t max_num_batched_tokens = 0;  // sliding layers keep W - 1 + this many tokens per request (0: max_model_len)
     // The KV budget of each pipeline stage's ranks (one value: the same for all).
     std::vector<Bytes> available;
 };
@@ -49,9 +60,11 @@ struct PagedKvStage {
 struct PagedKvResult {
     std::vector<PagedKvStage> stages;
     std::int64_t num_blocks = 0;     // every rank's (the minimum over stages), null block included
-    std::int64_t blocks_per_request = 0;  // cdiv(max_model_len, block_size)
+    std::int64_t groups = 1;         // KV-cache groups (1 unless layers of several attention types)
+    std::int64_t group_size = 0;     // layers per group (padding included)
+    std::int64_t blocks_per_request = 0;  // over all groups: cdiv(max_model_len, block_size) for a full group
     double max_concurrency = 0;      // num_blocks / blocks_per_request
-    std::int64_t kv_cache_tokens = 0;  // int(max_concurrency * max_model_len)
+    std::int64_t kv_cache_tokens = 0;  // num_blocks // groups x block_size
     Bytes needed_per_request;        // the most-loaded stage's bytes for one request of max_model_len
     bool fits_one_request = false;   // false: vLLM refuses to start ("To serve at least one request ...")
 };

@@ -192,6 +192,11 @@ struct TransformerDims {
     // the MLA latent kv_lora_rank + rope dim for DeepSeek).
     std::int64_t kv_elements_per_token = 0;
     bool latent_kv = false;            // MLA: one latent per token, not split by tensor parallelism
+    // Sliding-window attention (Gemma 2, Mistral v0.1, gpt-oss, Qwen2 with
+    // use_sliding_window): the window and which layers use it; serving engines
+    // page those layers' KV by the window (memory/paged_kv.hpp).
+    std::int64_t sliding_window = 0;
+    std::vector<bool> sliding_layers;
     bool encoder_decoder = false;
 };
 

@@ -32,6 +32,7 @@ struct PresetInfo {
     // Other Hugging Face ids whose config.json has the same architecture
     // (instruction-tuned variants): they resolve to this preset too.
     std::vector<std::string> same_architecture;
+    std::string source;      // where the embedded config.json was copied from (data/presets/index.json)
 };
 
 const std::vector<PresetInfo>& presets();

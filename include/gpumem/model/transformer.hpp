@@ -78,7 +78,9 @@ struct TransformerSpec {
     double embd_dropout = 0.0;
     double act_dropout = 0.0;           // dropout after the MLP activation (OPT activation_dropout, T5 dropout_rate)
 
-    bool qk_norm = false;               // phi qk_layernorm: LayerNorm(head_dim) on q and k
+    bool qk_norm = false;               // phi qk_layernorm: LayerNorm(head_dim) on q and k; qwen3/qwen3_moe: RMSNorm(head_dim) (q_norm, k_norm)
+    std::int64_t sliding_window = 0;    // tokens a sliding-window layer attends to (0: none)
+    std::vector<bool> sliding_layers;   // per layer: attends within sliding_window (empty: none)
     double attn_logit_softcap = 0.0;    // gemma2: tanh soft-capping of attention scores (0 = off)
     double final_logit_softcap = 0.0;   // gemma2: tanh soft-capping of the logits (0 = off)
 
