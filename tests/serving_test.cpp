@@ -277,3 +277,42 @@ TEST(Serving, TgiWarmupFormula) {
     ASSERT_FALSE(e.ok());
     EXPECT_EQ(e.error().field, "tp");
 }
+
+// vLLM's V0 engine (docs/research/vllm_v0.md). Its profile run for
+// Qwen2.5-7B (hidden 3584, MLP 18944, vocab 152064) with 8192 tokens and 16
+// sequences peaks in the MLP: 8192 x 2 B x (4 x 3584 + 3 x 18944) =
+// 1,166,016,512 B (the log cn-notes-rtx3090-qwen25-7b-v066 prints "PyTorch
+// activation peak memory 1.09GiB"); the sampler's 16 x 152064 x 39 B + 8192 x
+// 3584 x 2 B is smaller. The budget is 0.9 x total - (weights + that peak),
+// the swap space 4 GiB of pinned host memory (--swap-space).
+TEST(Serving, VllmV0Budget) {
+    EstimateRequest job;
+    job.model = "qwen2.5-7b-instruct";
+    job.gpu = "RTX-3090";
+    ServingOptions o;
+    o.engine_version = "0.6.6";
+    o.max_model_len = 8192;
+    o.max_num_seqs = 16;
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const ServingResult& x = r.value();
+    EXPECT_EQ(x.engine_version, "0.6.6 (V0)");
+    EXPECT_EQ(x.max_num_batched_tokens, 8192);  // max(max_model_len, 2048) without chunked prefill
+    EXPECT_EQ(x.per_gpu.activation_peak.count(), 8192LL * 2 * (4 * 3584 + 3 * 18944));
+    const auto requested = static_cast<std::int64_t>(std::ceil(0.9 * static_cast<double>(x.per_gpu.capacity.count())));
+    EXPECT_EQ(x.per_gpu.kv_cache.count(), requested - x.per_gpu.weights.count() - x.per_gpu.activation_peak.count());
+    ASSERT_TRUE(x.host.has_value());
+    EXPECT_EQ(x.host->total, GiB(4));
+    // Past 32768 tokens V0 chunks the prefill into 2048-token steps (0.6.5+).
+    o.max_model_len = 32769;
+    EXPECT_EQ(serving_memory(job, o).value().max_num_batched_tokens, 2048);
+    // V0's own start-up error when one request does not fit the blocks.
+    o.max_model_len = 131072;
+    o.max_num_seqs.reset();
+    const auto big = serving_memory(job, o);
+    ASSERT_TRUE(big.ok());
+    EXPECT_EQ(big.value().error.rfind("The model's max seq len (131072) is larger than the maximum number of tokens that can be stored in KV cache", 0), 0u)
+        << big.value().error;
+    o.engine_version = "0.5.5";
+    EXPECT_FALSE(serving_memory(job, o).ok());
+}

@@ -644,12 +644,17 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         if (o.engine == Engine::TGI) return tgi_memory(g, job, o);
         ServingResult out;
         const Served sv = served_basics(g, job, o.engine.value_or(Engine::VLLM), out);
-        if (o.engine_version) {
-            check(*o.engine_version == "0.19" || *o.engine_version == "v1" || *o.engine_version == "V1", "engine-version",
-                  "vLLM " + *o.engine_version + " is not modelled: gpumem serving follows vLLM 0.19 (V1); the V0 engine's budget "
-                  "(its profile run with attention and the CPU swap space) is not modelled yet");
-        }
-        out.engine_version = "0.19 (V1)";
+        // V1 (0.19, the default) or the V0 engine (docs/research/vllm_v0.md):
+        // 0.6.5 .. 0.10 with VLLM_USE_V1=0 budget u x total - (weights +
+        // activation peak + non-torch growth); 0.6.4 also counts the context.
+        const std::string ver = o.engine_version.value_or("0.19");
+        const bool v0 = ver == "V0" || ver == "v0" || ver == "0.6.4" || ver == "0.6.5" || ver == "0.6.6" || ver.rfind("0.7", 0) == 0 ||
+                        ver.rfind("0.8", 0) == 0 || ver.rfind("0.9", 0) == 0 || ver.rfind("0.10", 0) == 0;
+        check(v0 || ver == "0.19" || ver == "v1" || ver == "V1", "engine-version",
+              "vLLM " + ver + " is not modelled: gpumem serving knows vLLM 0.19 (V1, the default) and the V0 engine of 0.6.4 to 0.10 "
+              "(--engine-version 0.6.4, 0.6.5, 0.6.6, 0.7, 0.8, 0.9, 0.10 or V0); before 0.6.4 the budget was measured differently");
+        const bool v064 = ver == "0.6.4";
+        out.engine_version = v0 ? ver + " (V0)" : "0.19 (V1)";
         check(!o.mem_fraction_static, "mem-fraction-static", "--mem-fraction-static is SGLang's; vLLM's is --gpu-memory-utilization");
         check(!o.cuda_memory_fraction, "cuda-memory-fraction", "--cuda-memory-fraction is TGI's; vLLM's is --gpu-memory-utilization");
         check(!o.max_total_tokens, "max-total-tokens", "--max-total-tokens is SGLang's; with vLLM use --kv-cache-memory or --gpu-memory-utilization");
@@ -662,19 +667,24 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         // vLLM's batch defaults for `vllm serve` (EngineArgs.get_batch_defaults):
         // 8192 tokens / 1024 sequences on GPUs of at least 70 GiB other than
         // the A100, else 2048 / 256.
-        const bool big = capacity >= GiB(70) && gpu.name.find("A100") == std::string::npos;
-        out.max_num_batched_tokens = o.max_num_batched_tokens.value_or(big ? 8192 : 2048);
-        out.max_num_seqs = o.max_num_seqs.value_or(big ? 1024 : 256);
+        const bool big = !v0 && capacity >= GiB(70) && gpu.name.find("A100") == std::string::npos;
         out.block_size = o.block_size.value_or(16);
         out.max_model_len = o.max_model_len.value_or(g.max_positions > 0 ? g.max_positions : 2048);
+        // V0 (config.py SchedulerConfig, arg_utils.py): 256 sequences; chunked
+        // prefill only past 32768 tokens (2048 per step, 512 before 0.6.5),
+        // else the whole max(max_model_len, 2048) in one step.
+        const std::int64_t v0_tokens = out.max_model_len > 32768 ? (v064 ? 512 : 2048) : std::max<std::int64_t>(out.max_model_len, 2048);
+        out.max_num_batched_tokens = o.max_num_batched_tokens.value_or(v0 ? v0_tokens : big ? 8192 : 2048);
+        out.max_num_seqs = o.max_num_seqs.value_or(big ? 1024 : 256);
         check(out.max_model_len >= 1, "max-model-len", "--max-model-len must be a positive integer");
         check(out.max_num_seqs >= 1, "max-num-seqs", "--max-num-seqs must be a positive integer");
         check(out.max_num_batched_tokens >= 1, "max-num-batched-tokens", "--max-num-batched-tokens must be a positive integer");
         const DType model_dt = sv.model_dt;
-        out.assumptions.push_back("vLLM " + out.engine_version + ": budget = gpu_memory_utilization x total - (weights + profile-run peak + non-torch memory), "
-                                  "the rest is the paged KV cache; CUDA graphs are captured afterwards, outside the budget (docs/research/vllm.md)");
+        out.assumptions.push_back("vLLM " + out.engine_version + ": budget = gpu_memory_utilization x total - (weights + profile-run peak + non-torch memory" +
+                                  (v064 ? " + the CUDA context" : "") + "), the rest is the paged KV cache; CUDA graphs are captured afterwards, outside the budget (" +
+                                  (v0 ? "docs/research/vllm_v0.md" : "docs/research/vllm.md") + ")");
         out.assumptions.push_back("max_num_batched_tokens " + std::to_string(out.max_num_batched_tokens) + ", max_num_seqs " + std::to_string(out.max_num_seqs) +
-                                  (o.max_num_seqs || o.max_num_batched_tokens ? "" : big ? " (vLLM's serve defaults on >= 70 GiB GPUs but A100)" : " (vLLM's serve defaults)") +
+                                  (o.max_num_seqs || o.max_num_batched_tokens ? "" : v0 ? " (V0's defaults)" : big ? " (vLLM's serve defaults on >= 70 GiB GPUs but A100)" : " (vLLM's serve defaults)") +
                                   ", block_size " + std::to_string(out.block_size) + (o.block_size ? "" : " (vLLM's CUDA default)"));
 
         Bytes nccl_comm;
@@ -693,11 +703,23 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         // sampler's logits in the model dtype, their fp32 copy and fp32
         // probabilities, held at once.
         const std::int64_t T = out.max_num_batched_tokens, R = std::min(out.max_num_seqs, T);
-        const Bytes forward_peak = mlp_working_set(d, tp, model_dt, T);
-        const Bytes sampler_peak = dtype_bytes(model_dt, checked_mul(R, d.vocab)) + dtype_bytes(DType::F32, checked_mul(2 * R, d.vocab));
+        Bytes forward_peak = mlp_working_set(d, tp, model_dt, T);
+        Bytes sampler_peak = dtype_bytes(model_dt, checked_mul(R, d.vocab)) + dtype_bytes(DType::F32, checked_mul(2 * R, d.vocab));
+        if (v0) {
+            // V0's profile run (worker/model_runner.py profile_run): the MLP peak
+            // holds 4 streams and 3 MLP-wide tensors per token (+1 stream for
+            // tp's out-of-place all-reduce); the sampler's top-k/top-p sort holds
+            // 39 bytes per logit with the final hidden states; the larger of the
+            // two on the driver (a fit to 17 public logs, 2% mean error,
+            // docs/research/vllm_v0.md section 5).
+            const std::int64_t I = (d.intermediate + tp - 1) / tp;
+            forward_peak = dtype_bytes(model_dt, checked_mul(T, 4 * d.hidden + 3 * I + (tp > 1 ? d.hidden : 0)));
+            const Bytes sampler = Bytes(checked_mul(checked_mul(R, d.vocab), 39)) + dtype_bytes(model_dt, checked_mul(T, d.hidden));
+            sampler_peak = sampler > forward_peak ? sampler - forward_peak : Bytes(0);  // the driver holds max(forward, sampler)
+        }
         out.assumptions.push_back("profile-run peak (an estimate): " + std::to_string(T) + " tokens through one layer's MLP (" + gib(forward_peak) +
                                   " GiB) and the sampler on " + std::to_string(R) + " rows of the " + std::to_string(d.vocab) + "-token vocabulary (" +
-                                  gib(sampler_peak) + " GiB: logits, their fp32 copy and fp32 probabilities)");
+                                  (v0 ? "V0: the larger of the two, 39 bytes a logit" : gib(sampler_peak) + " GiB: logits, their fp32 copy and fp32 probabilities") + ")");
         const Bytes requested = Bytes(static_cast<std::int64_t>(std::ceil(static_cast<double>(capacity.count()) * u)));
 
         PagedKvRequest kr;
@@ -717,7 +739,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
             r.capacity = capacity;
             r.requested = requested;
             r.cuda_context = job.cuda_context.value_or(gpu.cuda_context);
-            const Bytes non_kv = r.weights + r.activation_peak + r.non_torch;
+            const Bytes non_kv = r.weights + r.activation_peak + r.non_torch + (v064 ? r.cuda_context : Bytes(0));
             r.kv_cache = o.kv_cache_memory ? *o.kv_cache_memory : requested > non_kv ? requested - non_kv : Bytes(0);
             kr.available.push_back(r.kv_cache);
             // CUDA graphs (an estimate): the pool holds the largest captured
@@ -729,13 +751,23 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
             ranks.push_back(r);
         }
         if (o.kv_cache_memory) out.assumptions.push_back("--kv-cache-memory " + gib(*o.kv_cache_memory) + " GiB: the KV budget as given (gpu_memory_utilization ignored)");
+        if (v0) {
+            // V0's CPU swap space: --swap-space 4 GiB of pinned host memory per worker (cache_engine.py).
+            ServingHost h;
+            h.kv_cache = GiB(4) * (tp * pp);
+            h.total = h.kv_cache;
+            out.host = h;
+            out.assumptions.push_back("host RAM: V0's swap space, 4 GiB pinned per worker (--swap-space default)");
+        }
         if (o.enforce_eager) out.assumptions.push_back("--enforce-eager: no CUDA graphs");
         else out.assumptions.push_back("CUDA graphs (an estimate): the largest captured batch's MLP working set");
-        const PagedKvResult kv = take(paged_kv_cache(d, kr));
+        TransformerDims dk = d;
+        if (v0) dk.sliding_window = 0;  // V0 pages every layer in full (no hybrid grouping)
+        const PagedKvResult kv = take(paged_kv_cache(dk, kr));
         out.kv_cache_blocks = kv.num_blocks;
         out.kv_cache_tokens = kv.kv_cache_tokens;
         out.fit_max_model_len = g.max_positions > 0 ? std::min(kv.kv_cache_tokens, g.max_positions) : kv.kv_cache_tokens;
-        out.max_concurrency = kv.max_concurrency;
+        out.max_concurrency = v0 ? static_cast<double>(kv.kv_cache_tokens) / static_cast<double>(out.max_model_len) : kv.max_concurrency;  // V0: blocks x 16 / L
         set_request_len(out, o);
         // Requests of another length: the count vLLM logs for max_model_len
         // (blocks / cdiv(len, block_size)), at request_len.
@@ -752,7 +784,10 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
                         std::to_string(u).substr(0, 4) + ", " + gib(requested) + " GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.";
         else if (ranks[worst].kv_cache <= Bytes(0))
             out.error = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.";
-        else if (!kv.fits_one_request)
+        else if (v0 && kv.kv_cache_tokens < out.max_model_len)
+            out.error = "The model's max seq len (" + std::to_string(out.max_model_len) + ") is larger than the maximum number of tokens that can be stored in KV cache (" +
+                        std::to_string(kv.kv_cache_tokens) + "). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.";
+        else if (!v0 && !kv.fits_one_request)
             out.error = "To serve at least one request with the model's max seq len (" + std::to_string(out.max_model_len) + "), (" + gib(kv.needed_per_request) +
                         " GiB KV cache is needed, which is larger than the available KV cache memory (" + gib(ranks[worst].kv_cache) +
                         " GiB). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.";
