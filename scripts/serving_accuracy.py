@@ -344,7 +344,7 @@ def table(s, skipped):
 def aims(s):
     bad = []
     for x in s:
-        if x["engine"].startswith("vllm") and x["key"] == "weights" and x["worst_beyond_rounding"] > 1.0:
+        if x["engine"] == "vllm" and x["key"] == "weights" and x["worst_beyond_rounding"] > 1.0:
             bad.append(f"{x['engine']} weights worst {x['worst_beyond_rounding']:.2f}% > 1% (beyond the log's 0.01 GiB rounding)")
         if x["engine"] == "vllm" and x["key"] == "kv_pool" and x["median"] > 3.0:
             bad.append(f"vLLM KV pool median {x['median']:.2f}% > 3%")
