@@ -7,7 +7,9 @@
 #include <map>
 #include <string>
 
+#include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/memory/serving.hpp"
+#include "gpumem/memory/weight_quant.hpp"
 #include "gpumem/plan/serving_time.hpp"
 #include "test_util.hpp"
 
@@ -315,4 +317,47 @@ TEST(Serving, VllmV0Budget) {
         << big.value().error;
     o.engine_version = "0.5.5";
     EXPECT_FALSE(serving_memory(job, o).ok());
+}
+
+// Quantized weights (memory/weight_quant.hpp; docs/research/quant.md).
+// One 4096 x 4096 linear: FP8 in 128 x 128 blocks on an H100 keeps an fp32
+// scale per block (16,777,216 + 32 x 32 x 4 B); 4-bit AWQ with groups of 128 on
+// an A100 (Marlin) keeps 8,388,608 B of packed weights, bf16 scales 4096 x 32,
+// int32-packed zero points 4096 x 32 / 2 B and a 512 B workspace.
+TEST(Serving, QuantizedLinearBytes) {
+    const GpuSpec h100 = find_gpu("H100-80GB").value(), a100 = find_gpu("A100-80GB").value();
+    WeightQuant block;
+    block.method = "fp8";
+    block.scheme = "fp8-block";
+    block.block_n = block.block_k = 128;
+    EXPECT_EQ(quantized_linear_bytes(block, 4096, 4096, 2, h100), 16777216 + 32 * 32 * 4);
+    WeightQuant awq;
+    awq.method = "awq";
+    awq.scheme = "wna16";
+    awq.bits = 4;
+    awq.group_size = 128;
+    awq.zero_point = true;
+    EXPECT_EQ(quantized_linear_bytes(awq, 4096, 4096, 2, a100), 8388608 + 2 * 4096 * 32 + 4096 * 32 / 2 + 512);
+}
+
+// Whole checkpoints against the research note's independent calculation
+// (docs/research/quant_checks/calc.py), which matches the logs:
+// Llama-3.1-8B with `--quantization fp8` 9,114,820,608 B (logged 8.49 GiB),
+// Qwen3-30B-A3B-FP8 (block FP8 from its config.json) 31,185,055,744 B (logged
+// 29.0435 GiB); within 0.01% (per-tensor 512-byte rounding of small tensors).
+TEST(Serving, QuantizedCheckpointWeights) {
+    EstimateRequest job;
+    job.gpu = "H100-80GB";
+    ServingOptions o;
+    o.max_model_len = 8192;
+    o.command = {"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--quantization", "fp8"};
+    const auto fp8 = serving_memory(job, o);
+    ASSERT_TRUE(fp8.ok()) << fp8.error().message;
+    EXPECT_NEAR(static_cast<double>(fp8.value().per_gpu.weights.count()) / 9114820608.0, 1.0, 1e-4);
+    job.model = "qwen3-30b-a3b-fp8";
+    ServingOptions q;
+    q.max_model_len = 4096;
+    const auto moe = serving_memory(job, q);
+    ASSERT_TRUE(moe.ok()) << moe.error().message;
+    EXPECT_NEAR(static_cast<double>(moe.value().per_gpu.weights.count()) / 31185055744.0, 1.0, 1e-4);
 }

@@ -10,6 +10,7 @@
 #include "gpumem/memory/job.hpp"
 #include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/paged_kv.hpp"
+#include "gpumem/memory/weight_quant.hpp"
 #include "gpumem/memory/parallel.hpp"
 #include "gpumem/model/load.hpp"
 
@@ -109,6 +110,9 @@ void apply_sglang_command(const std::vector<std::string>& argv, std::size_t i, S
             else check(v == "auto", "kv-dtype", "sglang --kv-cache-dtype " + v + " is not modelled (auto, fp8_e5m2, fp8_e4m3, bf16)");
         } else if (a == "--dtype") {
             apply_model_dtype("sglang", value(a, inl), job);
+        } else if (a == "--quantization") {
+            const std::string v = value(a, inl);
+            if (v == "fp8") o.quant = v;
         } else if (std::find(kBool.begin(), kBool.end(), a) != kBool.end()) {
         } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
             if (inl.empty()) ++i;  // its value
@@ -259,6 +263,9 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
             else check(v == "auto", "kv-dtype", "vllm --kv-cache-dtype " + v + " is not modelled (auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16)");
         } else if (a == "--dtype") {
             apply_model_dtype("vllm", value(a, inl), job);
+        } else if (a == "--quantization" || a == "-q") {
+            const std::string v = value(a, inl);
+            if (v == "fp8") o.quant = v;  // online FP8; other methods come from the checkpoint's config
         } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
             if (inl.empty() && std::find(kBoolIgnored.begin(), kBoolIgnored.end(), a) == kBoolIgnored.end()) ++i;  // its value
         } else {
@@ -350,6 +357,33 @@ Served served_basics(const ModelGraph& g, const EstimateRequest& job, Engine eng
     return s;
 }
 
+// What the engine loads beyond the parameters: the RoPE cache (vLLM, SGLang)
+// and the checkpoint's quantization_config (or --quant fp8, vLLM's and
+// SGLang's online FP8) applied to each stage's weights (memory/weight_quant.hpp).
+void apply_weight_quant(const ModelGraph& g, const ServingOptions& o, const Served& sv, ParallelResult& par, ServingResult& out, bool rope = true) {
+    std::optional<WeightQuant> q = g.weight_quant;
+    if (o.quant) {
+        check(*o.quant == "fp8", "quant", "--quant " + *o.quant + ": vLLM, SGLang and TGI quantize online only to fp8 here (--quant fp8); "
+                                          "quantized checkpoints are read from their config.json's quantization_config");
+        check(!q, "quant", "--quant fp8: the checkpoint is already quantized (" + (q ? q->method : std::string()) + ")");
+        q = online_fp8();
+    }
+    // vLLM's RoPE cos/sin cache, one per rank in the model dtype (rotary
+    // [max_position_embeddings, head_dim]; rotary_embedding/base.py), is part of
+    // what "Model loading took" counts (docs/research/quant.md section 1).
+    static const std::vector<std::string> kFullRotary = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "granite"};
+    if (rope && g.max_positions > 0 && std::find(kFullRotary.begin(), kFullRotary.end(), g.family) != kFullRotary.end()) {
+        const Bytes cache = dtype_bytes(sv.model_dt, checked_mul(g.max_positions, g.transformer->head_dim));
+        for (auto& st : par.stages) st.weights = st.weights + cache;
+    }
+    if (!q) return;
+    std::vector<std::int64_t> layers;
+    for (const auto& st : par.stages) layers.push_back(st.layers);
+    const auto delta = quantized_weight_delta(g, *q, sv.tp, layers, dtype_bytes(sv.model_dt, 1).count(), sv.gpu);
+    for (std::size_t s = 0; s < par.stages.size() && s < delta.size(); ++s) par.stages[s].weights = par.stages[s].weights + delta[s];
+    out.assumptions.push_back(describe_weight_quant(*q, sv.gpu));
+}
+
 // One layer's MLP working set for `tokens` tokens (an estimate of the
 // engines' activation and CUDA-graph peaks): the residual and normed hidden
 // states, the gate/up projection and its activation (SwiGLU/GeGLU families;
@@ -426,7 +460,8 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
     out.mem_fraction_static = mfs;
 
     Bytes nccl_comm;
-    const ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
+    ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
+    apply_weight_quant(g, o, sv, par, out);
     const Bytes nccl = tp_buffers(sv.gpu, tp, pp, nccl_comm);
     const Bytes context = job.cuda_context.value_or(sv.gpu.cuda_context);
     // Free memory before the weights load: what the context and the
@@ -558,7 +593,8 @@ ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const 
     out.max_num_batched_tokens = P;
     check(P >= 1, "max-num-batched-tokens", "--max-batch-prefill-tokens must be positive");
     Bytes nccl_comm;
-    const ParallelResult par = served_layout(g, job, sv.prec, shards, 1, mpe, &nccl_comm);
+    ParallelResult par = served_layout(g, job, sv.prec, shards, 1, mpe, &nccl_comm);
+    apply_weight_quant(g, o, sv, par, out, false);
     const Bytes nccl = shards > 1 ? nccl_comm : Bytes(0);
     const Bytes context = job.cuda_context.value_or(sv.gpu.cuda_context);
     const Bytes workspace = flashinfer ? MiB(128) : Bytes(0);  // layers/attention/flashinfer.py L38-43
@@ -632,9 +668,9 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
             check(!job.model.empty(), "model", "serving: name a model (a .gguf file, or a preset / config.json with --quant), or give llama-server's command line after --");
             return llamacpp_memory(job, o);
         }
-        check(!o.quant && !o.n_gpu_layers && !o.ctx_size && !o.ubatch_size && !o.flash_attn && !o.cache_type_k && !o.cache_type_v && !o.tensor_split &&
+        check(!o.n_gpu_layers && !o.ctx_size && !o.ubatch_size && !o.flash_attn && !o.cache_type_k && !o.cache_type_v && !o.tensor_split &&
                   !o.split_mode && !o.no_mmap && !o.no_kv_offload && !o.kv_unified,
-              "engine", "--quant, --n-gpu-layers, --ctx-size, --ubatch-size, --flash-attn, --cache-type-k/v, --tensor-split, --split-mode, --no-mmap, "
+              "engine", "--n-gpu-layers, --ctx-size, --ubatch-size, --flash-attn, --cache-type-k/v, --tensor-split, --split-mode, --no-mmap, "
                         "--no-kv-offload and --kv-unified are llama.cpp's (--engine llama.cpp)");
         check(!job.model.empty(), "model", "serving: name a model (preset, config.json or model folder), or give the engine's command line after --");
         const ModelGraph g = take(load_model(job.model));
@@ -688,7 +724,8 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
                                   ", block_size " + std::to_string(out.block_size) + (o.block_size ? "" : " (vLLM's CUDA default)"));
 
         Bytes nccl_comm;
-        const ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
+        ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
+        apply_weight_quant(g, o, sv, par, out);
         const Bytes nccl = tp_buffers(gpu, tp, pp, nccl_comm);
         const bool nvswitch_gen = gpu.arch == "hopper" || gpu.arch == "blackwell";
         if (tp > 1)

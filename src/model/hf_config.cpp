@@ -479,6 +479,118 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
               "must not exceed the number of experts (" + std::to_string(s.experts) + ")");
 }
 
+// quantization_config (transformers' and the engines' formats; which tensors
+// each creates: docs/research/quant.md). Unknown methods are errors naming them.
+WeightQuant read_quantization(const json& q, std::string_view origin) {
+    const auto bad = [&](const std::string& msg) { fail(ErrorCode::Unsupported, "quantization_config", std::string(origin) + ": quantization_config " + msg); };
+    if (!q.is_object()) bad("must be an object");
+    WeightQuant w;
+    const auto str = [&](const json& o, const char* k, const std::string& def) {
+        const auto it = o.find(k);
+        return it != o.end() && it->is_string() ? it->get<std::string>() : def;
+    };
+    const auto num = [&](const json& o, const char* k, std::int64_t def) {
+        const auto it = o.find(k);
+        if (it == o.end() || it->is_null()) return def;
+        if (!it->is_number_integer()) bad(std::string("\"") + k + "\" must be an integer");
+        const auto v = it->get<std::int64_t>();
+        if (v < -1 || v > 1 << 20) bad(std::string("\"") + k + "\" is out of range");
+        return v;
+    };
+    const auto flag = [&](const json& o, const char* k, bool def) {
+        const auto it = o.find(k);
+        return it != o.end() && it->is_boolean() ? it->get<bool>() : def;
+    };
+    const auto list = [&](const json& o, const char* k) {
+        std::vector<std::string> out;
+        const auto it = o.find(k);
+        if (it != o.end() && it->is_array())
+            for (const auto& e : *it)
+                if (e.is_string()) out.push_back(e.get<std::string>());
+        return out;
+    };
+    w.method = str(q, "quant_method", "");
+    if (w.method == "fp8") {
+        w.bits = 8;
+        const auto it = q.find("weight_block_size");
+        if (it != q.end() && it->is_array() && it->size() == 2 && (*it)[0].is_number_integer() && (*it)[1].is_number_integer()) {
+            w.scheme = "fp8-block";
+            w.block_n = (*it)[0].get<std::int64_t>();
+            w.block_k = (*it)[1].get<std::int64_t>();
+            if (w.block_n <= 0 || w.block_k <= 0) bad("weight_block_size must be positive");
+        } else {
+            w.scheme = "fp8-tensor";
+        }
+        w.ignore = list(q, "ignored_layers");
+        if (w.ignore.empty()) w.ignore = list(q, "modules_to_not_convert");
+    } else if (w.method == "compressed-tensors") {
+        const std::string format = str(q, "format", "");
+        const auto groups = q.find("config_groups");
+        if (groups == q.end() || !groups->is_object() || groups->empty()) bad("(compressed-tensors) has no config_groups");
+        const json& g0 = groups->begin().value();
+        const auto wt = g0.find("weights");
+        if (wt == g0.end() || !wt->is_object()) bad("(compressed-tensors) config group has no \"weights\"");
+        w.bits = num(*wt, "num_bits", 8);
+        const std::string type = str(*wt, "type", "int"), strategy = str(*wt, "strategy", "tensor");
+        w.group_size = num(*wt, "group_size", 0);
+        w.zero_point = !flag(*wt, "symmetric", true);
+        w.act_order = str(*wt, "actorder", "") == "group";
+        if (format.find("nvfp4") != std::string::npos || (type == "float" && w.bits == 4)) {
+            w.scheme = "nvfp4";
+        } else if (type == "float" && w.bits == 8) {
+            w.scheme = strategy == "channel" ? "fp8-channel" : strategy == "block" ? "fp8-block" : "fp8-tensor";
+            if (strategy == "block") {
+                const auto bs = wt->find("block_structure");
+                w.block_n = w.block_k = 128;
+                if (bs != wt->end() && bs->is_array() && bs->size() == 2 && (*bs)[0].is_number_integer()) {
+                    w.block_n = (*bs)[0].get<std::int64_t>();
+                    w.block_k = (*bs)[1].get<std::int64_t>();
+                }
+            }
+        } else if (type == "int" && w.bits == 8 && format != "pack-quantized") {
+            w.scheme = strategy == "channel" ? "int8-channel" : "int8-tensor";
+        } else if (type == "int" && (w.bits == 4 || w.bits == 8)) {
+            w.scheme = "wna16";
+        } else {
+            bad("(compressed-tensors) weights of type " + type + " with " + std::to_string(w.bits) + " bits are not modelled");
+        }
+        w.ignore = list(q, "ignore");
+    } else if (w.method == "gptq" || w.method == "awq") {
+        w.scheme = "wna16";
+        w.bits = num(q, w.method == "gptq" ? "bits" : "bits", 4);
+        if (w.method == "awq" && q.contains("w_bit")) w.bits = num(q, "w_bit", 4);
+        w.group_size = num(q, "group_size", 128);
+        if (w.method == "awq" && q.contains("q_group_size")) w.group_size = num(q, "q_group_size", 128);
+        if (w.group_size < 0) w.group_size = 0;
+        w.act_order = w.method == "gptq" && flag(q, "desc_act", false) && w.group_size > 0;
+        w.zero_point = w.method == "awq" ? flag(q, "zero_point", true) : !flag(q, "sym", true);
+        w.lm_head = flag(q, "lm_head", false);
+        w.ignore = list(q, "modules_to_not_convert");
+        if (w.bits != 4 && w.bits != 8) bad(w.method + " with " + std::to_string(w.bits) + " bits is not modelled (4 or 8)");
+    } else if (w.method == "bitsandbytes") {
+        const bool four = flag(q, "load_in_4bit", false);
+        if (!four && !flag(q, "load_in_8bit", false)) bad("(bitsandbytes) loads neither 4- nor 8-bit weights");
+        w.scheme = four ? "nf4" : "int8-bnb";
+        w.bits = four ? 4 : 8;
+        w.ignore = list(q, "llm_int8_skip_modules");
+    } else if (w.method == "modelopt") {
+        const std::string algo = str(q, "quant_algo", "");
+        if (algo == "NVFP4") w.scheme = "nvfp4";
+        else if (algo == "FP8") w.scheme = "fp8-tensor";
+        else bad("(modelopt) quant_algo \"" + algo + "\" is not modelled (NVFP4, FP8)");
+        w.bits = algo == "NVFP4" ? 4 : 8;
+        w.ignore = list(q, "exclude_modules");
+        if (w.ignore.empty()) w.ignore = list(q, "ignore");
+    } else if (w.method == "mxfp4") {
+        w.scheme = "mxfp4";
+        w.bits = 4;
+        w.ignore = list(q, "modules_to_not_convert");
+    } else {
+        bad("quant_method \"" + w.method + "\" is not modelled (fp8, compressed-tensors, gptq, awq, bitsandbytes, modelopt, mxfp4)");
+    }
+    return w;
+}
+
 TransformerSpec parse(const json& j, std::string_view origin) {
     if (!j.is_object()) {
         fail(ErrorCode::ParseError, "", std::string(origin) + ": a config.json must be a JSON object (got " +
@@ -747,6 +859,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         pick_head(j, s, {prefix + "ForCausalLM", prefix + "Model", "", "", H::CausalLM});
         if (type == "kimi_k2") s.model_type = "deepseek_v3";  // Kimi K2 is DeepseekV3ForCausalLM
     }
+    if (const auto qc = j.find("quantization_config"); qc != j.end() && !qc->is_null()) s.weight_quant = read_quantization(*qc, origin);
     return s;
 }
 

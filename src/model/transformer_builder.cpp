@@ -845,6 +845,7 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
         d.kv_elements_per_token = checked_mul(s.layers, checked_mul(2, checked_mul(s.kv_heads, s.head_dim)));
     }
     g.transformer = d;
+    g.weight_quant = s.weight_quant;
     return g;
 }
 

@@ -206,6 +206,20 @@ inline bool is_output_head(const Op& op) {
            (op.kind == OpKind::Linear && op.name.size() >= 7 && op.name.compare(op.name.size() - 7, 7, "lm_head") == 0);
 }
 
+// A checkpoint's weight quantization as its config.json states it
+// (quantization_config), read by the serving engines (memory/weight_quant.hpp).
+struct WeightQuant {
+    std::string method;            // quant_method: fp8, compressed-tensors, gptq, awq, bitsandbytes, modelopt, mxfp4
+    std::string scheme;            // fp8-tensor, fp8-channel, fp8-block, int8-channel, int8-tensor, wna16, nf4, int8-bnb, nvfp4, mxfp4
+    std::int64_t bits = 8;
+    std::int64_t group_size = 0;   // wna16: elements per scale (0: per channel)
+    std::int64_t block_n = 0, block_k = 0;  // fp8-block
+    bool act_order = false;        // GPTQ desc_act / compressed-tensors actorder
+    bool zero_point = false;       // asymmetric (AWQ zero_point, GPTQ sym false)
+    bool lm_head = false;          // the output head is quantized too (GPTQ/AWQ lm_head)
+    std::vector<std::string> ignore;  // modules left in the model dtype (ignore, modules_to_not_convert, ...)
+};
+
 struct ModelGraph {
     std::string name;
     std::string family;  // "llama", "gpt2", "layers" (layer-list JSON), "params-only", ...
@@ -220,6 +234,8 @@ struct ModelGraph {
     // Model folders only: parameters stored per dtype in the safetensors
     // headers (buffers excluded), ascending by DType; empty for other sources.
     std::vector<std::pair<DType, std::int64_t>> header_dtype_counts;
+    // config.json's quantization_config, when the checkpoint is quantized.
+    std::optional<WeightQuant> weight_quant;
 
     [[nodiscard]] std::int64_t total_params() const;
     [[nodiscard]] std::int64_t trainable_params() const;

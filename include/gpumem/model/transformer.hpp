@@ -9,6 +9,7 @@
 // transformers class (tied weights once, buffers excluded).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -105,6 +106,7 @@ struct TransformerSpec {
     std::int64_t qk_rope_head_dim = 0;
     std::int64_t v_head_dim = 0;
 
+    std::optional<WeightQuant> weight_quant;  // quantization_config
     std::vector<std::string> notes;     // defaults applied, assumptions
 };
 
