@@ -340,13 +340,41 @@ def tgi_rows(gpumem):
     return scored, skipped
 
 
+# TensorRT-LLM (PyTorch backend) logs with a preset and full settings. Its
+# runtime-buffer term was fitted to these logs, so they check the formula's
+# composition, not an independent prediction.
+TRTLLM = {
+    "smollm2-135m-4070super-f0.9": ("smollm2-135m", ["--gpu", "RTX-4090", "--gpu-memory", "11.99GiB", "--free-gpu-memory-fraction", "0.9", "--max-model-len", "2048"]),
+    "smollm2-135m-4070super-f0.25": ("smollm2-135m", ["--gpu", "RTX-4090", "--gpu-memory", "11.99GiB", "--free-gpu-memory-fraction", "0.25", "--max-model-len", "2048"]),
+    "tinyllama-tp2-dynamo-disagg": ("tinyllama-1.1b", ["--gpu", "H100-80GB", "--tp", "2", "--free-gpu-memory-fraction", "0.25", "--max-model-len", "2048"]),
+}
+
+
+def trtllm_rows(gpumem):
+    fx = json.load(open(os.path.join(FIX, "trtllm_startup_logs.json")))
+    scored, skipped = [], []
+    for r in fx["logs"]:
+        rid = r["id"]
+        if rid not in TRTLLM:
+            skipped.append((rid, "TensorRT-LLM: a TensorRT engine, a model without a preset, or settings not fully known"))
+            continue
+        preset, flags = TRTLLM[rid]
+        args = ["serving", preset, "--engine", "trtllm", *flags]
+        out, err = run(gpumem, args)
+        if out is None:
+            skipped.append((rid, err))
+            continue
+        scored.append({"engine": "trtllm", "id": rid, "command": "gpumem " + shlex.join(args), "errors": {"kv_tokens": pct(out["kv_cache_tokens"], r["kv_tokens"])}})
+    return scored, skipped
+
+
 QUANTITIES = [("weights", "weights"), ("kv_pool", "KV pool"), ("kv_tokens", "KV-cache tokens"), ("concurrency", "max concurrency"),
               ("model_buffer", "model buffers"), ("kv_buffer", "KV buffers"), ("compute_buffer", "compute buffers (estimate)")]
 
 
 def summary(rows):
     out = []
-    for engine in ("vllm", "vllm V0", "sglang", "tgi", "llama.cpp"):
+    for engine in ("vllm", "vllm V0", "sglang", "tgi", "trtllm", "llama.cpp"):
         er = [r for r in rows if r["engine"] == engine]
         for key, label in QUANTITIES:
             xs = [abs(r["errors"][key]) for r in er if key in r["errors"]]
@@ -391,7 +419,7 @@ def main():
     ap.add_argument("--check-aims", action="store_true")
     a = ap.parse_args()
     rows, skipped = [], []
-    for f in (vllm_rows, vllm_hybrid_rows, vllm_quant_rows, vllm_v0_rows, sglang_rows, tgi_rows, llamacpp_rows):
+    for f in (vllm_rows, vllm_hybrid_rows, vllm_quant_rows, vllm_v0_rows, sglang_rows, tgi_rows, trtllm_rows, llamacpp_rows):
         r, s = f(a.gpumem)
         rows += r
         skipped += [(f"{f.__name__[:-5].replace('_hybrid', '').replace('_v0', '').replace('_quant', '')}:{i}", why) for i, why in s]

@@ -361,3 +361,29 @@ TEST(Serving, QuantizedCheckpointWeights) {
     ASSERT_TRUE(moe.ok()) << moe.error().message;
     EXPECT_NEAR(static_cast<double>(moe.value().per_gpu.weights.count()) / 31185055744.0, 1.0, 1e-4);
 }
+
+// TensorRT-LLM's PyTorch backend (docs/research/trtllm.md): KV = fraction x
+// (total - what the profiling run holds), tokens floored to whole blocks of 32.
+// TinyLlama at tp 2 keeps 2 KV heads x 64 per rank over 22 layers: 2 x 22 x 2 x
+// 64 x 2 B = 11,264 bytes a token (the log's own check).
+TEST(Serving, TrtllmKvFormula) {
+    EstimateRequest job;
+    job.model = "tinyllama-1.1b";  // stands in for the command's model id (same architecture)
+    job.gpu = "H100-80GB";
+    ServingOptions o;
+    o.command = {"trtllm-serve", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "--tp_size", "2", "--kv_cache_free_gpu_memory_fraction", "0.25",
+                 "--max_seq_len", "2048", "--port", "8000"};
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const ServingResult& x = r.value();
+    EXPECT_EQ(x.engine, "trtllm");
+    EXPECT_EQ(x.block_size, 32);
+    const ServingPerGpu& p = x.per_gpu;
+    const std::int64_t used = (p.cuda_context + p.non_torch + p.weights + p.activation_peak + p.cuda_graph).count();
+    const auto tokens = static_cast<std::int64_t>(0.25 * static_cast<double>(p.capacity.count() - used)) / 11264;
+    EXPECT_EQ(x.kv_cache_tokens, tokens / 32 * 32);
+    EXPECT_EQ(p.kv_cache.count(), x.kv_cache_tokens * 11264);
+    ServingOptions trt = o;
+    trt.command = {"trtllm-serve", "x", "--backend", "tensorrt"};
+    EXPECT_FALSE(serving_memory(job, trt).ok());
+}

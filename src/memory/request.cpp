@@ -36,7 +36,7 @@ constexpr std::array<std::pair<const char*, CudaGraphs>, 3> kCudaGraphs{{{"none"
 const char* to_string(CudaGraphs v) { return enum_name(v, kCudaGraphs); }
 const char* to_string(RecomputeMethod v) { return enum_name(v, kRecomputeMethod); }
 namespace {
-constexpr std::array<std::pair<const char*, Engine>, 4> kEngines{{{"vllm", Engine::VLLM}, {"sglang", Engine::SGLang}, {"llama.cpp", Engine::LlamaCpp}, {"tgi", Engine::TGI}}};
+constexpr std::array<std::pair<const char*, Engine>, 5> kEngines{{{"vllm", Engine::VLLM}, {"sglang", Engine::SGLang}, {"llama.cpp", Engine::LlamaCpp}, {"tgi", Engine::TGI}, {"trtllm", Engine::TRTLLM}}};
 }  // namespace
 const char* to_string(Engine v) { return enum_name(v, kEngines); }
 const char* to_string(Framework v) { return enum_name(v, kFrameworks); }

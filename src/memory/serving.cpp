@@ -183,6 +183,60 @@ void apply_tgi_command(const std::vector<std::string>& argv, std::size_t i, Serv
     }
 }
 
+// `trtllm-serve MODEL ...` (tensorrt_llm/commands/serve.py option names).
+void apply_trtllm_command(const std::vector<std::string>& argv, std::size_t i, ServingOptions& o, EstimateRequest& job) {
+    o.engine = Engine::TRTLLM;
+    const std::size_t first = i;
+    const auto value = [&](const std::string& flag, const std::string& inline_value) -> std::string {
+        if (!inline_value.empty()) return inline_value;
+        check(i + 1 < argv.size(), "command", "trtllm-serve " + flag + " needs a value");
+        return argv[++i];
+    };
+    static const std::vector<std::string> kIgnored = {"--host", "--port", "--log_level", "--tokenizer", "--served_model_name", "--num_postprocess_workers",
+                                                      "--reasoning_parser", "--metadata_server_config_file", "--server_role"};
+    static const std::vector<std::string> kBool = {"--trust_remote_code"};
+    for (; i < argv.size(); ++i) {
+        std::string a = argv[i], inl;
+        if (a.rfind("--", 0) != 0) {
+            check(job.model.empty() || i == first, "command", "unexpected argument \"" + a + "\" in the trtllm-serve command line");
+            if (job.model.empty()) job.model = a;
+            continue;
+        }
+        if (const auto eq = a.find('='); eq != std::string::npos) {
+            inl = a.substr(eq + 1);
+            a = a.substr(0, eq);
+        }
+        std::replace(a.begin(), a.end(), '-', '_');
+        a = "--" + a.substr(2);
+        if (a == "--tp_size") {
+            job.parallel.tp = to_int(a, value(a, inl));
+        } else if (a == "--pp_size") {
+            job.parallel.pp = to_int(a, value(a, inl));
+        } else if (a == "--max_batch_size") {
+            o.max_num_seqs = to_int(a, value(a, inl));
+        } else if (a == "--max_num_tokens") {
+            o.max_num_batched_tokens = to_int(a, value(a, inl));
+        } else if (a == "--max_seq_len") {
+            o.max_model_len = to_int(a, value(a, inl));
+        } else if (a == "--kv_cache_free_gpu_memory_fraction") {
+            o.free_gpu_memory_fraction = to_fraction("trtllm-serve", a, "free-gpu-memory-fraction", value(a, inl));
+        } else if (a == "--backend") {
+            const std::string v = value(a, inl);
+            check(v == "pytorch", "command", "trtllm-serve --backend " + v + " is not modelled: a TensorRT engine's memory is fixed by its build (use the pytorch backend)");
+        } else if (a == "--extra_llm_api_options") {
+            fail(ErrorCode::InvalidArgument, "command", "trtllm-serve --extra_llm_api_options is not read by gpumem serving: give its settings as flags "
+                                                        "(--free-gpu-memory-fraction, --max-total-tokens for max_tokens, --block-size for tokens_per_block)");
+        } else if (std::find(kBool.begin(), kBool.end(), a) != kBool.end()) {
+        } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
+            value(a, inl);
+        } else {
+            fail(ErrorCode::InvalidArgument, "command",
+                 "trtllm-serve " + a + " is not modelled by gpumem serving: drop it, or use the options it models (--tp_size, --pp_size, --max_batch_size, "
+                 "--max_num_tokens, --max_seq_len, --kv_cache_free_gpu_memory_fraction, --backend pytorch)");
+        }
+    }
+}
+
 }  // namespace
 
 void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& o, EstimateRequest& job) {
@@ -193,6 +247,7 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
         return apply_sglang_command(argv, 3, o, job);
     if (argv.size() >= 2 && argv[0] == "sglang" && argv[1] == "serve") return apply_sglang_command(argv, 2, o, job);
     if (argv[0] == "text-generation-launcher") return apply_tgi_command(argv, 1, o, job);
+    if (argv[0] == "trtllm-serve") return apply_trtllm_command(argv, argv.size() > 1 && argv[1] == "serve" ? 2 : 1, o, job);
     // llama-server / llama-cli, with or without a path (build/bin/llama-server).
     {
         const std::string prog = argv[0].substr(argv[0].find_last_of('/') == std::string::npos ? 0 : argv[0].find_last_of('/') + 1);
@@ -208,7 +263,7 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
     } else {
         fail(ErrorCode::InvalidArgument, "command",
              "the engine command line must start with `vllm serve`, `python -m vllm.entrypoints.openai.api_server`, "
-             "`python -m sglang.launch_server`, `sglang serve`, `text-generation-launcher`, `llama-server` or `llama-cli` (got \"" + argv[0] + "\")");
+             "`python -m sglang.launch_server`, `sglang serve`, `text-generation-launcher`, `trtllm-serve`, `llama-server` or `llama-cli` (got \"" + argv[0] + "\")");
     }
     o.engine = Engine::VLLM;
     const auto value = [&](const std::string& flag, std::string inline_value) -> std::string {
@@ -657,6 +712,102 @@ ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const 
     return out;
 }
 
+// ---- TensorRT-LLM, PyTorch backend (docs/research/trtllm.md; 1.x,
+// tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator) -----------------
+
+// The transient activation of one max_num_tokens prefill, as NVIDIA's
+// aiconfigurator tabulates it (ai-dynamo/aiconfigurator @095f58a51c4c
+// backends/base_backend.py _get_memory_usage): 2 x tokens x heads x head_dim
+// x c bytes, c = 11, 6.5, 5 for tp 1, 2, >= 4 (MoE: 22, 13, 10); at least 70 MiB.
+Bytes trtllm_activation(const TransformerDims& d, std::int64_t tokens, std::int64_t tp) {
+    const bool moe = d.experts > 0;
+    const double c = tp >= 4 ? (moe ? 10.0 : 5.0) : tp == 2 ? (moe ? 13.0 : 6.5) : (moe ? 22.0 : 11.0);
+    const double b = 2.0 * static_cast<double>(tokens) * static_cast<double>(d.heads * d.head_dim) * c;
+    return max(Bytes(static_cast<std::int64_t>(b)), MiB(70));
+}
+
+ServingResult trtllm_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
+    const TransformerDims& d = *g.transformer;
+    ServingResult out;
+    const Served sv = served_basics(g, job, Engine::TRTLLM, out);
+    const std::string version = o.engine_version.value_or("1.2");
+    check(version == "1.2" || version == "1.1" || version == "1.3", "engine-version",
+          "TensorRT-LLM " + version + " is not modelled: gpumem serving follows the PyTorch backend of TensorRT-LLM 1.1-1.3 (--engine-version 1.2, the default); "
+          "TensorRT engines' memory is fixed by their build");
+    out.engine_version = version + " (PyTorch backend)";
+    check(!o.gpu_memory_utilization && !o.mem_fraction_static && !o.cuda_memory_fraction, "engine",
+          "TensorRT-LLM's KV share is --free-gpu-memory-fraction (kv_cache_free_gpu_memory_fraction), of the memory free after profiling");
+    const std::int64_t tp = sv.tp, pp = sv.pp;
+    const double f = o.free_gpu_memory_fraction.value_or(0.9);
+    check(f > 0.0 && f <= 1.0, "free-gpu-memory-fraction", "--free-gpu-memory-fraction must be in (0, 1]");
+    out.block_size = o.block_size.value_or(d.latent_kv && sv.gpu.compute_capability == 90 ? 64 : 32);  // FlashMLA forces 64
+    out.max_num_seqs = o.max_num_seqs.value_or(2048);
+    out.max_num_batched_tokens = o.max_num_batched_tokens.value_or(8192);
+    out.max_model_len = o.max_model_len.value_or(g.max_positions > 0 ? g.max_positions : 2048);
+    check(out.max_model_len >= 1 && out.max_num_seqs >= 1 && out.max_num_batched_tokens >= 1 && out.block_size >= 1, "max-model-len",
+          "max_seq_len, max_batch_size, max_num_tokens and tokens_per_block must be positive");
+    Bytes nccl_comm;
+    ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
+    apply_weight_quant(g, o, sv, par, out, false);
+    const Bytes nccl = tp_buffers(sv.gpu, tp, pp, nccl_comm);
+    const Bytes context = job.cuda_context.value_or(sv.gpu.cuda_context);
+    const Bytes act = trtllm_activation(d, std::min(out.max_num_batched_tokens, out.max_model_len), tp);
+    // Runtime buffers, workspaces and the decode CUDA graphs captured before
+    // profiling (34 sizes up to 128): 1.25 GiB, fitted to the two public logs
+    // with full settings (docs/research/trtllm.md section 6) - an estimate.
+    const Bytes runtime = o.enforce_eager ? GiB(1) : GiB(1) + MiB(256);
+    std::vector<ServingPerGpu> ranks;
+    std::int64_t tokens = -1;
+    std::vector<Bytes> bpts;
+    for (std::size_t s = 0; s < par.stages.size(); ++s) {
+        ServingPerGpu r;
+        r.weights = par.stages[s].weights;
+        r.cuda_context = context;
+        r.non_torch = nccl;
+        r.activation_peak = act;
+        r.cuda_graph = runtime;
+        r.capacity = sv.capacity;
+        const Bytes used = r.cuda_context + r.non_torch + r.weights + r.activation_peak + r.cuda_graph;
+        const double base = static_cast<double>(sv.capacity.count()) - static_cast<double>(used.count());
+        r.requested = Bytes(static_cast<std::int64_t>(std::max(0.0, base) * f));
+        const Bytes bpt = kv_token_bytes_per_layer(d, tp, sv.kv_dt) * par.stages[s].layers;
+        bpts.push_back(bpt);
+        std::int64_t t = base <= 0 ? 0 : r.requested.count() / bpt.count();
+        if (o.max_total_tokens) t = std::min(t, *o.max_total_tokens);
+        tokens = tokens < 0 ? t : std::min(tokens, t);  // the minimum over ranks
+        ranks.push_back(r);
+    }
+    const std::int64_t blocks = std::max<std::int64_t>(0, tokens) / out.block_size;  // int(max_tokens // tokens_per_block)
+    out.kv_cache_blocks = blocks;
+    out.kv_cache_tokens = blocks * out.block_size;
+    for (std::size_t s = 0; s < ranks.size(); ++s) {
+        ranks[s].kv_cache = bpts[s] * out.kv_cache_tokens;
+        ranks[s].total_device = ranks[s].cuda_context + ranks[s].non_torch + ranks[s].weights + ranks[s].cuda_graph + ranks[s].kv_cache;
+    }
+    // max_seq_len beyond the pool is cut to it ("Adjusted max_seq_len to N").
+    if (out.kv_cache_tokens <= 0) out.error = "Impossible to fit in memory: no KV-cache blocks are left after the weights and the profiling run";
+    std::size_t worst = 0;
+    for (std::size_t s = 0; s < ranks.size(); ++s) {
+        ranks[s].fits = out.error.empty() && ranks[s].total_device <= sv.capacity;
+        if (ranks[s].total_device > ranks[worst].total_device) worst = s;
+    }
+    out.per_rank = ranks;
+    out.per_gpu = ranks[worst];
+    out.max_concurrency = static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.max_model_len);
+    out.fit_max_model_len = std::min(out.kv_cache_tokens, out.max_model_len);
+    set_request_len(out, o);
+    out.concurrency_at_request_len = std::min(static_cast<double>(out.max_num_seqs), static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.request_len));
+    char frac[32];
+    std::snprintf(frac, sizeof frac, "%.2f", f);
+    out.assumptions.push_back("TensorRT-LLM " + out.engine_version + ": KV = kv_cache_free_gpu_memory_fraction (" + frac +
+                              ") x (total - the memory held at the profiling run's peak), in blocks of " + std::to_string(out.block_size) +
+                              " tokens (_util.py KvCacheCreator; docs/research/trtllm.md)");
+    out.assumptions.push_back("profiling run (an estimate): one prefill of " + std::to_string(std::min(out.max_num_batched_tokens, out.max_model_len)) +
+                              " tokens by NVIDIA aiconfigurator's activation table (" + gib(act) + " GiB); runtime buffers, workspaces and decode CUDA graphs " +
+                              gib(runtime) + " GiB (fitted to two public logs)");
+    return out;
+}
+
 }  // namespace
 
 Result<ServingResult> serving_memory(const EstimateRequest& job_in, const ServingOptions& o_in) {
@@ -678,6 +829,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         const TransformerDims& d = *g.transformer;
         if (o.engine == Engine::SGLang) return sglang_memory(g, job, o);
         if (o.engine == Engine::TGI) return tgi_memory(g, job, o);
+        if (o.engine == Engine::TRTLLM) return trtllm_memory(g, job, o);
         ServingResult out;
         const Served sv = served_basics(g, job, o.engine.value_or(Engine::VLLM), out);
         // V1 (0.19, the default) or the V0 engine (docs/research/vllm_v0.md):
@@ -693,6 +845,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         out.engine_version = v0 ? ver + " (V0)" : "0.19 (V1)";
         check(!o.mem_fraction_static, "mem-fraction-static", "--mem-fraction-static is SGLang's; vLLM's is --gpu-memory-utilization");
         check(!o.cuda_memory_fraction, "cuda-memory-fraction", "--cuda-memory-fraction is TGI's; vLLM's is --gpu-memory-utilization");
+        check(!o.free_gpu_memory_fraction, "free-gpu-memory-fraction", "--free-gpu-memory-fraction is TensorRT-LLM's; vLLM's is --gpu-memory-utilization");
         check(!o.max_total_tokens, "max-total-tokens", "--max-total-tokens is SGLang's; with vLLM use --kv-cache-memory or --gpu-memory-utilization");
         const std::int64_t tp = sv.tp, pp = sv.pp;
         const GpuSpec& gpu = sv.gpu;

@@ -197,7 +197,14 @@ std::string render_serving(const ServingResult& r, Format f) {
     if (f == Format::Csv || f == Format::Markdown) return render_table(t, f);
     std::string out = r.model_name + " served by " + r.engine + " " + r.engine_version + " on " + r.gpu + (r.tp * r.pp > 1 ? " (tp " + std::to_string(r.tp) + ", pp " + std::to_string(r.pp) + ")" : "") + "\n";
     out += r.error.empty() ? "STARTS: " : "DOES NOT START: ";
-    if (sglang)
+    if (r.engine == "trtllm")
+        out += "Allocated " + fixed(static_cast<double>(p.kv_cache.count()) / 1073741824.0, 2) + " GiB for max tokens in paged KV cache (" + with_commas(r.kv_cache_tokens) +
+               "); " + with_commas(r.kv_cache_blocks) + " blocks of " + std::to_string(r.block_size) + " tokens; requests of " + with_commas(r.max_model_len) +
+               " tokens at once: " + fixed(r.max_concurrency, 2) + "x\n";
+    else if (r.engine == "tgi")
+        out += "Setting max batch total tokens to " + with_commas(r.kv_cache_tokens) + "; max_total_tokens " + with_commas(r.max_model_len) +
+               "; requests of that length at once: " + fixed(r.max_concurrency, 2) + "x\n";
+    else if (sglang)
         out += "KV Cache is allocated. #tokens: " + with_commas(r.kv_cache_tokens) + "; max_running_requests " + std::to_string(r.max_num_seqs) + "; requests of " +
                with_commas(r.max_model_len) + " tokens (context_len) at once: " + fixed(r.max_concurrency, 2) + "x\n";
     else
@@ -205,7 +212,7 @@ std::string render_serving(const ServingResult& r, Format f) {
                " tokens per request: " + fixed(r.max_concurrency, 2) + "x (" + with_commas(r.kv_cache_blocks) + " blocks of " + std::to_string(r.block_size) + ")\n";
     if (r.request_len != r.max_model_len)
         out += "requests of " + with_commas(r.request_len) + " tokens at once: " + fixed(r.concurrency_at_request_len, 2) + "x\n";
-    if (!r.error.empty()) out += std::string(sglang ? "SGLang" : "vLLM") + " would stop with: " + r.error + "\n";
+    if (!r.error.empty()) out += r.engine + " would stop with: " + r.error + "\n";
     out += "\n" + render_table(t, f);
     if (!r.throughput.empty()) {
         Table th;

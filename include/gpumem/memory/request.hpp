@@ -235,7 +235,7 @@ struct PlanRequest {
 
 // Serving engines (gpumem serving, memory/serving.hpp): the engine and its
 // own start-up settings, each defaulting to the engine's documented default.
-enum class Engine { VLLM, SGLang, LlamaCpp, TGI };
+enum class Engine { VLLM, SGLang, LlamaCpp, TGI, TRTLLM };
 const char* to_string(Engine);
 struct ServingOptions {
     std::optional<Engine> engine;                         // vLLM unless given (or set by the command line after --); fit: given = the engine's fit
@@ -265,6 +265,7 @@ struct ServingOptions {
     bool no_kv_offload = false;                           // -nkvo: KV cache in host RAM
     std::optional<bool> kv_unified;                       // -kvu: one KV stream shared by the slots
     std::optional<double> cuda_memory_fraction;           // TGI --cuda-memory-fraction (1.0)
+    std::optional<double> free_gpu_memory_fraction;       // TensorRT-LLM kv_cache_free_gpu_memory_fraction (0.9)
 };
 
 // Inputs of the commands that are not jobs (doctor, snapshot, compat).
