@@ -6,6 +6,7 @@
 // weights per rank against "Model loading took X GiB".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -170,4 +171,22 @@ TEST(PagedKv, MlaLatentPages) {
     EXPECT_EQ(res.value().stages[0].page.count(), 18432);
     EXPECT_EQ(res.value().kv_cache_tokens, 1505552);
     EXPECT_NEAR(res.value().max_concurrency, 183.78, 0.005);
+}
+
+// gpt-oss-20b from its config.json by modeling_gpt_oss.py's modules: per
+// layer q/k/v/o with biases, one sink per head, a biased router over 32
+// experts, each expert a biased gate_up_proj [2880 -> 5760] and down_proj
+// [2880 -> 2880], two norms; untied embeddings of 201,088 x 2880; final norm.
+// The model card says 21B parameters.
+TEST(Presets, GptOssCountByFormula) {
+    const std::int64_t H = 2880, heads = 64, kv = 8, hd = 64, E = 32, I = 2880, V = 201088, L = 24;
+    const std::int64_t attn = (H * heads * hd + heads * hd) + 2 * (H * kv * hd + kv * hd) + (heads * hd * H + H) + heads;
+    const std::int64_t moe = (H * E + E) + E * (H * 2 * I + 2 * I + I * H + H);
+    const std::int64_t expect = 2 * V * H + L * (attn + moe + 2 * H) + H;
+    EXPECT_EQ(load_model("gpt-oss-20b").value().total_params(), expect);
+    EXPECT_NEAR(static_cast<double>(expect) / 1e9, 21.0, 0.1);
+    const ModelGraph g = load_model("gpt-oss-20b").value();
+    const TransformerDims& d = *g.transformer;
+    EXPECT_EQ(d.sliding_window, 128);  // layer_types: sliding and full attention alternate
+    EXPECT_EQ(std::count(d.sliding_layers.begin(), d.sliding_layers.end(), true), 12);
 }

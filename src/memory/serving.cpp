@@ -431,6 +431,10 @@ void apply_weight_quant(const ModelGraph& g, const ServingOptions& o, const Serv
         const Bytes cache = dtype_bytes(sv.model_dt, checked_mul(g.max_positions, g.transformer->head_dim));
         for (auto& st : par.stages) st.weights = st.weights + cache;
     }
+    if (rope && g.family == "gpt_oss" && g.max_positions > 0) {  // gpt_oss.py L82-L85: the cache in fp32
+        const Bytes cache = dtype_bytes(DType::F32, checked_mul(g.max_positions, g.transformer->head_dim));
+        for (auto& st : par.stages) st.weights = st.weights + cache;
+    }
     if (!q) return;
     std::vector<std::int64_t> layers;
     for (const auto& st : par.stages) layers.push_back(st.layers);

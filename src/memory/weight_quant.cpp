@@ -91,7 +91,13 @@ std::int64_t quantized_linear_bytes(const WeightQuant& q, std::int64_t K, std::i
             return r512(checked_round_up(N, 32) * checked_round_up(K, 32) / 2) + r512(checked_round_up(N, 128) * checked_round_up(cdiv(K, 16), 4)) + 4 * 512;
         return r512(NK / 2) + r512(NK / 16) + 4 * 512 + 512;  // Marlin
     }
-    if (s == "mxfp4") return r512(NK / 2) + r512(NK / 32);  // E8M0 scale per 32 values
+    if (s == "mxfp4") {
+        // Expert weights of 4 bits with an E8M0 scale per 32; Hopper's Triton
+        // layout pads the contraction dimension to 256 (fused_moe/oracle/mxfp4.py
+        // L376-L400; docs/research/quant.md section 7).
+        const std::int64_t Kp = cc == 90 ? checked_round_up(K, 256) : K, Np = N;  // other GPUs: padded by the caller, which knows the hidden size
+        return r512(checked_mul(Np, Kp) / 2) + r512(checked_mul(Np, Kp) / 32);
+    }
     if (s == "wna16") {
         const std::int64_t packed = NK * q.bits / 8;
         const std::int64_t groups = q.group_size > 0 ? cdiv(K, q.group_size) : 1;
@@ -120,12 +126,29 @@ std::vector<Bytes> quantized_weight_delta(const ModelGraph& g, const WeightQuant
     std::vector<Ignore> igs;
     for (const auto& e : q.ignore) igs.push_back(parse_ignore(e));
     const auto delta_of = [&](const Param& p, std::int64_t layer, bool head) -> std::int64_t {
+        // Triton's MXFP4 MoE keeps the experts' biases in fp32 (mxfp4.py L723-L725).
+        if (q.scheme == "mxfp4" && p.count > 1 && p.shape.size() == 1 && gpu.compute_capability >= 90) return checked_mul(p.numel(), 4 - dt);
         if (!p.linear_weight || p.shape.size() != 2 || p.component == Component::Router) return 0;
         if (p.output_head && !q.lm_head) return 0;
         if (q.scheme == "mxfp4" && p.count <= 1) return 0;  // MXFP4 quantizes the experts only
         const std::string m = head && p.output_head ? std::string("lm_head") : module_of(p);
         if (ignored(igs, layer, m)) return 0;
-        const std::int64_t N = p.shape[0], K = p.shape[1];
+        std::int64_t N = p.shape[0], K = p.shape[1];
+        if (q.scheme == "mxfp4" && g.transformer && p.count > 1) {
+            // Per rank: tensor parallelism splits the expert width I. Marlin /
+            // TRT-LLM / FlashInfer pad the hidden dimension to 256 and the
+            // width to 128 (gpt-oss-20b: 2880 -> 3072 and 2944, as its log
+            // prints); Hopper's Triton layout pads the contraction only (below).
+            const std::int64_t width = g.transformer->intermediate, Irank = (width + tp - 1) / tp;
+            const bool gate_up = N == 2 * width;  // [2I, H]; the down projection is [H, I]
+            const bool pad_all = gpu.compute_capability < 90 || gpu.compute_capability >= 100;
+            const std::int64_t H = pad_all ? checked_round_up(g.transformer->hidden, 256) : g.transformer->hidden;
+            const std::int64_t I = pad_all ? checked_round_up(Irank, 128) : Irank;
+            N = gate_up ? 2 * I : H;
+            K = gate_up ? H : I;
+            const std::int64_t rank = checked_mul(quantized_linear_bytes(q, K, N, dt, gpu), p.count);
+            return checked_mul(rank, tp) - checked_mul(dt, p.numel());
+        }
         const std::int64_t quant = checked_mul(quantized_linear_bytes(q, K, N, dt, gpu), std::max<std::int64_t>(1, p.count));
         return quant - checked_mul(checked_mul(dt, p.numel() / std::max<std::int64_t>(1, p.count)), std::max<std::int64_t>(1, p.count));
     };

@@ -24,7 +24,7 @@ const std::vector<std::string>& supported_model_types() {
     static const std::vector<std::string> types = {
         "bert",  "deepseek_v2", "deepseek_v3", "falcon", "gemma", "gemma2",  "gpt2", "gpt_bigcode", "gpt_neox", "llama",
         "mistral", "mixtral",   "opt",         "phi",    "phi3",  "qwen2",   "qwen2_moe", "roberta",  "t5",
-        "qwen3",   "qwen3_moe", "granite",     "kimi_k2",
+        "qwen3",   "qwen3_moe", "granite",     "kimi_k2", "gpt_oss",
     };
     return types;
 }
@@ -286,6 +286,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     else if (type == "qwen3") d = {151936, 4096, 22016, 32, 32, 32, 32768, 1e-6, false, "silu"};
     else if (type == "qwen3_moe") d = {151936, 2048, 6144, 24, 32, 4, 32768, 1e-6, false, "silu"};
     else if (type == "granite") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
+    else if (type == "gpt_oss") d = {201088, 2880, 2880, 36, 64, 8, 131072, 1e-5, false, "silu"};  // GptOssConfig
     else /* deepseek_v3 */ d = {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, false, "silu"};
 
     s.vocab = r.integer({"vocab_size"}, d.vocab);
@@ -332,7 +333,20 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.o_bias = ab;
     }
     if (type == "llama" || type == "granite") s.mlp_bias = r.boolean({"mlp_bias"}, false);
-    if (type == "qwen3" || type == "qwen3_moe") s.qk_norm = true;  // Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
+    if (type == "qwen3" || type == "qwen3_moe") s.qk_norm = true;
+    if (type == "gpt_oss") {  // modeling_gpt_oss.py: biased attention and router, fused biased experts, attention sinks
+        const bool ab = r.boolean({"attention_bias"}, true);
+        s.qkv_bias = ab;
+        s.o_bias = ab;
+        s.experts = r.integer({"num_local_experts"}, 128, 0);
+        s.experts_per_token = r.integer({"num_experts_per_tok", "experts_per_token"}, 4);
+        s.moe_intermediate = s.intermediate;
+        s.router_linear_bias = true;
+        s.expert_bias = true;
+        s.fused_expert_gate_up = true;
+        s.attention_sinks = true;
+        s.sparse_layers.assign(static_cast<std::size_t>(s.layers), s.experts > 0);
+    }  // Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
     if (type == "qwen3_moe") {
         s.experts = r.integer({"num_experts"}, 128, 0);
         s.experts_per_token = r.integer({"num_experts_per_tok"}, 8);
@@ -849,7 +863,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             {"qwen2", "Qwen2"},     {"qwen2_moe", "Qwen2Moe"}, {"gemma", "Gemma"},
             {"gemma2", "Gemma2"},   {"phi3", "Phi3"},          {"deepseek_v2", "DeepseekV2"},
             {"deepseek_v3", "DeepseekV3"}, {"qwen3", "Qwen3"},       {"qwen3_moe", "Qwen3Moe"},
-            {"granite", "Granite"},         {"kimi_k2", "DeepseekV3"},
+            {"granite", "Granite"},         {"kimi_k2", "DeepseekV3"},   {"gpt_oss", "GptOss"},
         };
         std::string prefix;
         for (const auto& [t, p] : classes)

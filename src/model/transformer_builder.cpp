@@ -151,6 +151,10 @@ Names names_for(const S& s) {
     } else if (t == "deepseek_v2" || t == "deepseek_v3" || t == "kimi_k2") {
         n.router_linear_weight = false;
     }
+    if (t == "gpt_oss") {  // GptOssMLP: mlp.router, mlp.experts.{gate_up_proj, down_proj} (with biases)
+        n.router = "mlp.router";
+        n.expert = {"", "", "down_proj", "gate_up_proj"};
+    }
     if (t == "qwen3" || t == "qwen3_moe") {  // Qwen3Attention q_norm / k_norm
         n.attn.q_norm = "self_attn.q_norm";
         n.attn.k_norm = "self_attn.k_norm";
@@ -334,6 +338,11 @@ TensorId attention(Ctx& c, TensorId x, const AttnOpts& a) {
         k = linear(c, src, h, KV * d, s.qkv_bias, nm.k, Component::Attention);
         v = linear(c, src, h, KV * d, s.qkv_bias, nm.v, Component::Attention);
     }
+    if (s.attention_sinks) {  // GptOssAttention.sinks: one learned logit per head
+        const std::size_t oi = B.block().ops.size() - 1;
+        const auto pi = B.param(nm.core + ".sinks", {H}, Component::Attention, "sinks");
+        B.block().ops[oi].params.push_back(pi);
+    }
     if (s.qk_norm && s.norm == S::Norm::RMSNorm) {  // Qwen3Attention: q_norm / k_norm = RMSNorm(head_dim)
         q = B.rmsnorm(q, d, nm.q_norm, Component::Attention);
         k = B.rmsnorm(k, d, nm.k_norm, Component::Attention);
@@ -478,7 +487,7 @@ TensorId moe(Ctx& c, TensorId x) {
     const Names& n = c.n;
     const std::int64_t h = s.hidden, E = s.experts, K = s.experts_per_token;
     // Router.
-    const TensorId logits = linear(c, x, h, E, false, n.router, Component::Router, true, 0, n.router_linear_weight);
+    const TensorId logits = linear(c, x, h, E, s.router_linear_bias, n.router, Component::Router, true, 0, n.router_linear_weight);
     if (s.router_bias) {
         const std::size_t op_index = B.block().ops.size() - 1;
         const auto pb = B.param(n.router + ".e_score_correction_bias", {E}, Component::Router, leaf(n.router));
@@ -498,6 +507,8 @@ TensorId moe(Ctx& c, TensorId x) {
     m.names = prefixed(n.experts, n.expert);
     m.inter = s.moe_intermediate;
     m.gated = true;
+    m.bias = s.expert_bias;
+    m.fused_gate_up = s.fused_expert_gate_up;
     m.comp = Component::Experts;
     m.count = E;
     m.rows_factor = K;

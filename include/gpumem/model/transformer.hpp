@@ -96,6 +96,10 @@ struct TransformerSpec {
     std::int64_t moe_layer_freq = 1;
     bool router_bias = false;           // deepseek v3 e_score_correction_bias (parameter)
     bool router_sigmoid = false;        // deepseek v3 scores experts with sigmoid instead of softmax
+    bool router_linear_bias = false;    // gpt-oss: the router is nn.Linear with a bias
+    bool expert_bias = false;           // gpt-oss: experts' gate_up_proj and down_proj carry biases
+    bool fused_expert_gate_up = false;  // gpt-oss: one gate_up_proj per expert
+    bool attention_sinks = false;       // gpt-oss: a learned sink logit per head (self_attn.sinks)
     std::vector<bool> sparse_layers;    // optional explicit per-layer MoE flags (empty: derive)
 
     // Multi-head latent attention (deepseek v2/v3).
