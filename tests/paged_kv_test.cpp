@@ -190,3 +190,20 @@ TEST(Presets, GptOssCountByFormula) {
     EXPECT_EQ(d.sliding_window, 128);  // layer_types: sliding and full attention alternate
     EXPECT_EQ(std::count(d.sliding_layers.begin(), d.sliding_layers.end(), true), 12);
 }
+
+// Gemma-3-4B-it (Gemma3ForConditionalGeneration): the language model from
+// text_config (34 layers of 2560, 8 heads and 4 KV heads of 256, MLP 10240,
+// q/k norms of 256, four norms a layer, tied 262,208-token embeddings) plus
+// the SigLIP tower (27 layers of 1152, MLP 4304, 64 x 64 patches of 14 x 14
+// x 3) and the projector (1152 x 2560 and a norm). The model card: 4.3B.
+TEST(Presets, Gemma3CountByFormula) {
+    const std::int64_t H = 2560, L = 34, hd = 256, I = 10240, V = 262208;
+    const std::int64_t text = V * H + L * (H * 8 * hd + 2 * H * 4 * hd + 8 * hd * H + 3 * H * I + 4 * H + 2 * hd) + H;
+    const std::int64_t vh = 1152, vi = 4304, vl = 27;
+    const std::int64_t vision = (3 * 14 * 14 * vh + vh) + 64 * 64 * vh + vl * (4 * vh * vh + 4 * vh + 4 * vh + 2 * vh * vi + vi + vh) + 2 * vh;
+    const std::int64_t projector = vh * H + vh;
+    EXPECT_EQ(load_model("gemma-3-4b-it").value().total_params(), text + vision + projector);
+    EXPECT_NEAR(static_cast<double>(text + vision + projector) / 1e9, 4.3, 0.01);
+    const ModelGraph g = load_model("gemma-3-4b-it").value();
+    EXPECT_EQ(std::count(g.transformer->sliding_layers.begin(), g.transformer->sliding_layers.end(), true), 29);  // 5 of 6 slide
+}

@@ -431,6 +431,10 @@ void apply_weight_quant(const ModelGraph& g, const ServingOptions& o, const Serv
         const Bytes cache = dtype_bytes(sv.model_dt, checked_mul(g.max_positions, g.transformer->head_dim));
         for (auto& st : par.stages) st.weights = st.weights + cache;
     }
+    if (rope && g.family == "gemma3_text" && g.max_positions > 0) {  // two RoPE configs (local and global bases): two caches
+        const Bytes cache = dtype_bytes(sv.model_dt, checked_mul(2 * g.max_positions, g.transformer->head_dim));
+        for (auto& st : par.stages) st.weights = st.weights + cache;
+    }
     if (rope && g.family == "gpt_oss" && g.max_positions > 0) {  // gpt_oss.py L82-L85: the cache in fp32
         const Bytes cache = dtype_bytes(DType::F32, checked_mul(g.max_positions, g.transformer->head_dim));
         for (auto& st : par.stages) st.weights = st.weights + cache;

@@ -24,7 +24,7 @@ const std::vector<std::string>& supported_model_types() {
     static const std::vector<std::string> types = {
         "bert",  "deepseek_v2", "deepseek_v3", "falcon", "gemma", "gemma2",  "gpt2", "gpt_bigcode", "gpt_neox", "llama",
         "mistral", "mixtral",   "opt",         "phi",    "phi3",  "qwen2",   "qwen2_moe", "roberta",  "t5",
-        "qwen3",   "qwen3_moe", "granite",     "kimi_k2", "gpt_oss",
+        "qwen3",   "qwen3_moe", "granite",     "kimi_k2", "gpt_oss", "gemma3", "gemma3_text",
     };
     return types;
 }
@@ -280,6 +280,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     else if (type == "qwen2_moe") d = {151936, 2048, 5632, 24, 16, 16, 32768, 1e-6, false, "silu"};
     else if (type == "gemma") d = {256000, 3072, 24576, 28, 16, 16, 8192, 1e-6, true, "gelu_pytorch_tanh"};
     else if (type == "gemma2") d = {256000, 2304, 9216, 26, 8, 4, 8192, 1e-6, true, "gelu_pytorch_tanh"};
+    else if (type == "gemma3_text") d = {262208, 2304, 9216, 26, 8, 4, 131072, 1e-6, true, "gelu_pytorch_tanh"};  // Gemma3TextConfig
     else if (type == "phi3") d = {32064, 3072, 8192, 32, 32, std::nullopt, 4096, 1e-5, false, "silu"};
     else if (type == "deepseek_v2") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
     // Qwen3Config / Qwen3MoeConfig / GraniteConfig defaults (transformers configuration_*.py).
@@ -318,7 +319,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         if (type == "gemma" && !hd) {
             hd = 256;
             r.note_default("head_dim", "256");
-        } else if (type == "gemma2" && !hd) {
+        } else if ((type == "gemma2" || type == "gemma3_text") && !hd) {
             hd = 256;
             r.note_default("head_dim", "256");
         }
@@ -327,7 +328,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     }
 
     // Biases: each family hard-codes or configures them differently.
-    if (type == "llama" || type == "gemma" || type == "gemma2" || type == "qwen3" || type == "qwen3_moe" || type == "granite") {
+    if (type == "llama" || type == "gemma" || type == "gemma2" || type == "gemma3_text" || type == "qwen3" || type == "qwen3_moe" || type == "granite") {
         const bool ab = r.boolean({"attention_bias"}, false);
         s.qkv_bias = ab;
         s.o_bias = ab;
@@ -370,6 +371,16 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
             for (const auto& t : types) sl.push_back(t == "sliding_attention");
         } else if (type == "gemma2" && window > 0) {
             for (std::int64_t i = 0; i < s.layers; ++i) sl.push_back(i % 2 == 0);  // Gemma2DecoderLayer: is_sliding = not layer_idx % 2
+        } else if (type == "gemma3_text") {
+            // Gemma3TextConfig: sliding_window 4096 and every sliding_window_pattern-th (6th) layer full.
+            const std::int64_t w = window > 0 ? window : 4096;
+            const std::int64_t pattern = r.integer({"sliding_window_pattern"}, 6, 1);
+            for (std::int64_t i = 0; i < s.layers; ++i) sl.push_back((i + 1) % pattern != 0);
+            if (std::find(sl.begin(), sl.end(), true) != sl.end()) {
+                s.sliding_window = w;
+                s.sliding_layers = sl;
+            }
+            sl.clear();
         } else if (type == "mistral" && window > 0) {
             sl.assign(static_cast<std::size_t>(s.layers), true);  // MistralAttention: every layer
         } else if ((type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe") && window > 0 &&
@@ -391,7 +402,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.qkv_bias = r.boolean({"qkv_bias"}, true);
         s.o_bias = false;
     }
-    if (type == "gemma" || type == "gemma2") {
+    if (type == "gemma" || type == "gemma2" || type == "gemma3_text") {
         s.gemma_norm = true;
         s.embed_scale = true;
         // GemmaMLP uses hidden_activation when set (older configs say hidden_act "gelu").
@@ -401,6 +412,12 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.sandwich_norm = true;
         s.attn_logit_softcap = r.number({"attn_logit_softcapping"}, 50.0);
         s.final_logit_softcap = r.number({"final_logit_softcapping"}, 30.0);
+    }
+    if (type == "gemma3_text") {  // Gemma3Attention: q_norm / k_norm; no soft-capping by default
+        s.sandwich_norm = true;
+        s.qk_norm = true;
+        s.attn_logit_softcap = r.present_non_null({"attn_logit_softcapping"}) ? r.number({"attn_logit_softcapping"}, 0.0) : 0.0;
+        s.final_logit_softcap = r.present_non_null({"final_logit_softcapping"}) ? r.number({"final_logit_softcapping"}, 0.0) : 0.0;
     }
     if (type == "phi3") {
         s.fused_qkv = true;
@@ -864,13 +881,52 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             {"gemma2", "Gemma2"},   {"phi3", "Phi3"},          {"deepseek_v2", "DeepseekV2"},
             {"deepseek_v3", "DeepseekV3"}, {"qwen3", "Qwen3"},       {"qwen3_moe", "Qwen3Moe"},
             {"granite", "Granite"},         {"kimi_k2", "DeepseekV3"},   {"gpt_oss", "GptOss"},
+            {"gemma3_text", "Gemma3Text"},  {"gemma3", "Gemma3Text"},
         };
         std::string prefix;
         for (const auto& [t, p] : classes)
             if (type == t) prefix = p;
-        Reader r(j, origin, prefix + "Config", s);
-        read_llama_like(r, s, type);
-        pick_head(j, s, {prefix + "ForCausalLM", prefix + "Model", "", "", H::CausalLM});
+        if (type == "gemma3") {
+            // Gemma3ForConditionalGeneration: the language model from text_config,
+            // the SigLIP vision tower and the projector as parameters only.
+            const auto tc = j.find("text_config");
+            if (tc == j.end() || !tc->is_object())
+                fail(ErrorCode::ParseError, "text_config", std::string(origin) + ": a gemma3 config needs a \"text_config\" object");
+            Reader r(*tc, origin, "Gemma3TextConfig", s);
+            read_llama_like(r, s, "gemma3_text");
+            s.model_type = "gemma3_text";
+            s.arch_class = "Gemma3ForConditionalGeneration";
+            const auto vc = j.find("vision_config");
+            if (vc != j.end() && vc->is_object()) {
+                Reader v(*vc, origin, "SiglipVisionConfig", s);
+                const std::int64_t vh = v.integer({"hidden_size"}, 768), vi = v.integer({"intermediate_size"}, 3072), vl = v.integer({"num_hidden_layers"}, 12);
+                const std::int64_t img = v.integer({"image_size"}, 224), patch = v.integer({"patch_size"}, 16), ch = v.integer({"num_channels"}, 3);
+                if (patch <= 0 || img < patch) v.bad("patch_size", "must be positive and at most image_size");
+                const std::int64_t patches = (img / patch) * (img / patch);
+                // modeling_siglip.py SiglipVisionEmbeddings / SiglipEncoderLayer, modeling_gemma3.py Gemma3MultiModalProjector.
+                s.extra_params = {{"vision_tower.embeddings.patch_embedding.weight", {vh, ch, patch, patch}},
+                                  {"vision_tower.embeddings.patch_embedding.bias", {vh}},
+                                  {"vision_tower.embeddings.position_embedding.weight", {patches, vh}},
+                                  {"vision_tower.encoder.layers.attn_qkvo.weight", {vl, 4, vh, vh}},
+                                  {"vision_tower.encoder.layers.attn_qkvo.bias", {vl, 4, vh}},
+                                  {"vision_tower.encoder.layers.mlp.fc1.weight", {vl, vi, vh}},
+                                  {"vision_tower.encoder.layers.mlp.fc1.bias", {vl, vi}},
+                                  {"vision_tower.encoder.layers.mlp.fc2.weight", {vl, vh, vi}},
+                                  {"vision_tower.encoder.layers.mlp.fc2.bias", {vl, vh}},
+                                  {"vision_tower.encoder.layers.layer_norms", {vl, 4, vh}},
+                                  {"vision_tower.post_layernorm", {2, vh}},
+                                  {"multi_modal_projector.mm_input_projection_weight", {vh, s.hidden}},
+                                  {"multi_modal_projector.mm_soft_emb_norm.weight", {vh}}};
+                s.notes.push_back("gemma3: the SigLIP vision tower (" + std::to_string(vl) + " layers of " + std::to_string(vh) +
+                                  ") and the projector are counted as parameters; image activations are not modelled");
+            }
+            s.arch_class = "Gemma3ForConditionalGeneration";
+            s.head = H::CausalLM;
+        } else {
+            Reader r(j, origin, prefix + "Config", s);
+            read_llama_like(r, s, type);
+            pick_head(j, s, {prefix + "ForCausalLM", prefix + "Model", "", "", H::CausalLM});
+        }
         if (type == "kimi_k2") s.model_type = "deepseek_v3";  // Kimi K2 is DeepseekV3ForCausalLM
     }
     if (const auto qc = j.find("quantization_config"); qc != j.end() && !qc->is_null()) s.weight_quant = read_quantization(*qc, origin);

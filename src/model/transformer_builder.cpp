@@ -136,7 +136,7 @@ Names names_for(const S& s) {
         }
         n.mlp = {"mlp.dense_h_to_4h", "", "mlp.dense_4h_to_h", ""};
         n.final_norm = "ln_f";
-    } else if (t == "gemma2") {
+    } else if (t == "gemma2" || t == "gemma3_text") {
         n.ln2 = "pre_feedforward_layernorm";
         n.ln_post_attn = "post_attention_layernorm";
         n.ln_post_ff = "post_feedforward_layernorm";
@@ -155,7 +155,7 @@ Names names_for(const S& s) {
         n.router = "mlp.router";
         n.expert = {"", "", "down_proj", "gate_up_proj"};
     }
-    if (t == "qwen3" || t == "qwen3_moe") {  // Qwen3Attention q_norm / k_norm
+    if (t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text") {  // Qwen3Attention / Gemma3Attention q_norm, k_norm
         n.attn.q_norm = "self_attn.q_norm";
         n.attn.k_norm = "self_attn.k_norm";
     }
@@ -655,6 +655,11 @@ Block embeddings_block(const S& s, const Names& n, DType dt, std::vector<std::st
     const bool proj = s.word_embed_proj_dim > 0 && s.word_embed_proj_dim != s.hidden;
     const std::int64_t edim = proj ? s.word_embed_proj_dim : s.hidden;
     TensorId x = B.embedding(ids, s.vocab, edim, n.embed, Component::Embeddings);
+    for (const auto& [pname, shape] : s.extra_params) {  // a VLM's vision tower and projector: parameters only
+        const std::size_t oi = B.block().ops.size() - 1;
+        const auto pi = B.param(pname, shape, Component::Other, leaf(pname));
+        B.block().ops[oi].params.push_back(pi);
+    }
     if (proj) x = linear(c, x, edim, s.hidden, false, "project_in", Component::Embeddings);
     if (s.embed_scale) x = B.elementwise({x}, Extent::per_token(s.hidden), ActRole::Stream, {}, "embed_scale");
     if (s.token_types > 0) {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -111,6 +112,9 @@ struct TransformerSpec {
     std::int64_t v_head_dim = 0;
 
     std::optional<WeightQuant> weight_quant;  // quantization_config
+    // Parameters outside the language model (a VLM's vision tower and
+    // projector): name and shape, held with the embeddings.
+    std::vector<std::pair<std::string, std::vector<std::int64_t>>> extra_params;
     std::vector<std::string> notes;     // defaults applied, assumptions
 };
 
