@@ -399,3 +399,35 @@ TEST(LlamaCpp, FitWithEngine) {
     const auto q = test::run_cli("fit llama-3.1-8b --mode qlora --quant nf4 --gpu RTX-4090 --analytic --format json");
     EXPECT_EQ(q.exit_code, 0) << q.err;
 }
+
+// Sliding-window layers (llama-kv-cache-iswa.cpp@a95a11e5b834 L50): Gemma-3-4B
+// has 29 of its 34 layers sliding over 1024 tokens; with -c 16384, one slot and
+// -ub 512 they keep PAD256(min(16384, 1024 + 512)) = 1536 cells, the 5 global
+// layers 16384; a cell is K + V of 4 heads x 256 in f16 = 4096 bytes a layer.
+// --swa-full gives every layer the whole context.
+TEST(LlamaCpp, SlidingWindowCells) {
+    EstimateRequest job;
+    job.model = "gemma-3-4b-it";
+    job.gpu = "RTX-4090";
+    ServingOptions o;
+    o.engine = Engine::LlamaCpp;
+    o.quant = "Q4_K_M";
+    o.ctx_size = 16384;
+    o.max_num_seqs = 1;
+    EXPECT_EQ(serving_memory(job, o).value().per_gpu.kv_cache.count(), (5LL * 16384 + 29LL * 1536) * 4096);
+    o.swa_full = true;
+    EXPECT_EQ(serving_memory(job, o).value().per_gpu.kv_cache.count(), 34LL * 16384 * 4096);
+}
+
+// The decode roofline with every layer on the GPU: one token of one request
+// reads the model buffer (llama.cpp logs 4403.49 MiB for Llama-3.1-8B Q4_K_M)
+// and its KV at the mean context, at 80% of the RTX 4090's 1,008 GB/s (NVIDIA
+// datasheet); the KV cell of Llama-3.1-8B is 32 x 2 x 1024 x 2 B.
+TEST(LlamaCpp, DecodeRoofline) {
+    const auto r = test::run_cli("serving llama-3.1-8b --quant Q4_K_M --gpu RTX-4090 --request-len 4096 --output-len 256 --format json -- llama-server -c 16384 -np 1");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_FALSE(j["throughput"].empty());
+    const double weights = 4403.49 * 1048576.0, mean_ctx = 3840.0 + 128.0, cell = 32.0 * 2 * 1024 * 2;
+    EXPECT_NEAR(j["throughput"][0]["decode_tokens_per_second"].get<double>(), 0.8 * 1008e9 / (weights + mean_ctx * cell), 0.5);
+}

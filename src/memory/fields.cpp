@@ -232,6 +232,7 @@ std::vector<Field> build_table() {
         row("split-mode", FT::String, "serving", kServe | bit(Command::Fit), AT(serving.split_mode), "llama.cpp -sm none|layer").computed("layer"),
         row("no-mmap", FT::Bool, "serving", kServe | bit(Command::Fit), AT(serving.no_mmap), "llama.cpp --no-mmap: weights left on the CPU are read into RAM, not mapped"),
         row("no-kv-offload", FT::Bool, "serving", kServe | bit(Command::Fit), AT(serving.no_kv_offload), "llama.cpp -nkvo: the KV cache stays in host RAM"),
+        row("swa-full", FT::Bool, "serving", kServe | bit(Command::Fit), AT(serving.swa_full), "llama.cpp --swa-full: sliding-window layers cache the whole context"),
         row("kv-unified", FT::Bool, "serving", kServe | bit(Command::Fit), AT(serving.kv_unified), "llama.cpp -kvu: one KV stream shared by all slots").computed("llama-server: on when -np is not given"),
         row("command", FT::StringList, "serving", kServe | bit(Command::Fit), AT(serving.command), "the engine's own command line, after -- on the CLI (e.g. -- vllm serve MODEL --max-model-len 32768)"),
         // ---- layout

@@ -224,6 +224,10 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
         const std::int64_t kv_dim = d.kv_heads * d.head_dim;
         m.n_embd_k_gqa.assign(static_cast<std::size_t>(d.layers), kv_dim);
         m.n_embd_v_gqa.assign(static_cast<std::size_t>(d.layers), kv_dim);
+        if (d.sliding_window > 0) {
+            m.n_swa = d.sliding_window;
+            m.swa_layers = d.sliding_layers;
+        }
         MixContext mc;
         mc.ft = ft;
         mc.n_layer = d.layers;
@@ -272,6 +276,11 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
                 }
             } else if (layer == 0) {  // the embeddings block
                 for (const Param& p : b.params) {
+                    if (p.component == Component::Other) {  // a VLM's vision tower: llama.cpp's separate mmproj file
+                        if (m.notes.empty() || m.notes.back().rfind("vision", 0) != 0)
+                            m.notes.push_back("vision tower and projector: not in the text GGUF (llama.cpp loads them from a separate --mmproj file)");
+                        continue;
+                    }
                     if (p.shape.size() == 2 && p.component == Component::Embeddings && p.name.find("embed_positions") == std::string::npos &&
                         p.name.find("wpe") == std::string::npos) {
                         add(body, "token_embd.weight", -1, f16, {p.shape[1], p.shape[0]});
@@ -356,6 +365,17 @@ Result<LlamaModel> llama_model_from_gguf(const GgufFile& f, std::string_view nam
             m.n_embd_k_gqa.push_back(checked_mul(kv_heads[static_cast<std::size_t>(i)], k_len));
             m.n_embd_v_gqa.push_back(checked_mul(kv_heads[static_cast<std::size_t>(i)], v_len));
         }
+        // Sliding-window layers (llama-model.cpp load_hparams: set_swa_pattern):
+        // gemma2 and gpt-oss every other layer, gemma3 five of six; others none.
+        if (const auto w = f.arch_int("attention.sliding_window"); w && *w > 0) {
+            const std::int64_t pattern = m.arch == "gemma2" || m.arch == "gpt-oss" ? 2 : m.arch == "gemma3" ? 6 : 0;
+            if (pattern > 0) {
+                m.n_swa = *w;
+                for (std::int64_t i = 0; i < m.n_layer; ++i) m.swa_layers.push_back((i + 1) % pattern != 0);
+            } else {
+                m.notes.push_back(m.arch + ": attention.sliding_window is set but its layer pattern is not modelled; every layer is cached in full");
+            }
+        }
         bool has_output = false;
         for (const GgufTensor& t : f.tensors) {
             LlamaTensor x;
@@ -429,7 +449,7 @@ void apply_llamacpp_command(const std::vector<std::string>& argv, std::size_t i,
         "--chat-template-file", "--slot-save-path", "-dev", "--device", "--keep", "--mmproj", "--lora"};
     static const std::vector<std::string> kIgnoredFlag = {
         "--jinja", "-cnv", "--conversation", "-no-cnv", "--no-conversation", "--no-warmup", "--metrics", "-cb", "--cont-batching",
-        "--mlock", "-v", "--verbose", "--log-disable", "--no-webui", "-e", "--escape", "--no-display-prompt", "--swa-full", "--mmap",
+        "--mlock", "-v", "--verbose", "--log-disable", "--no-webui", "-e", "--escape", "--no-display-prompt", "--mmap",
         "--embedding", "--embeddings", "-sp", "--special", "--props", "--slots", "--no-perf", "-i", "--interactive", "-st", "--single-turn"};
     for (; i < argv.size(); ++i) {
         std::string a = argv[i], inl;
@@ -476,6 +496,8 @@ void apply_llamacpp_command(const std::vector<std::string>& argv, std::size_t i,
             o.no_kv_offload = true;
         } else if (a == "-kvu" || a == "--kv-unified") {
             o.kv_unified = true;
+        } else if (a == "--swa-full") {
+            o.swa_full = true;
         } else if (a == "-hf" || a == "--hf-repo" || a == "-hff" || a == "--hf-file") {
             value(a, inl);
             check(!job.model.empty(), "command",
@@ -486,7 +508,7 @@ void apply_llamacpp_command(const std::vector<std::string>& argv, std::size_t i,
         } else {
             fail(ErrorCode::InvalidArgument, "command",
                  "llama.cpp " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (-m, -ngl, -c, -b, -ub, -np, -fa, -ctk, "
-                 "-ctv, -ts, -sm, --no-mmap, -nkvo, -kvu)");
+                 "-ctv, -ts, -sm, --no-mmap, -nkvo, -kvu, --swa-full)");
         }
     }
 }
@@ -554,6 +576,7 @@ struct Setting {
     std::vector<double> split;       // device shares (normalised), one per GPU
     bool mmap = true;
     bool kv_offload = true;
+    bool swa_full = false;
 };
 
 struct Device {
@@ -624,10 +647,18 @@ Buffers buffers(const LlamaModel& m, const Setting& s, const Era& e) {
     if (s.mmap) b.host_model = Bytes(0);
 
     // KV: cells x the device's layers x (K row + V row) (llama-kv-cache.cpp@LC L185-277).
+    // Sliding-window layers keep PAD256(min(n_ctx_seq, n_swa x (unified ?
+    // n_seq : 1) + n_ubatch)) cells per stream (llama-kv-cache-iswa.cpp@LC L50),
+    // all of them with --swa-full.
+    const std::int64_t streams = s.unified ? 1 : s.n_seq;
+    const std::int64_t swa_cells = m.n_swa > 0 && !s.swa_full
+                                       ? checked_mul(std::min(s.n_ctx_seq, checked_round_up(checked_add(checked_mul(m.n_swa, s.unified ? s.n_seq : 1), s.n_ubatch), 256)), streams)
+                                       : s.n_ctx;
     for (std::int64_t il = 0; il < m.n_layer; ++il) {
         const std::size_t l = static_cast<std::size_t>(il);
         const Bytes row = Bytes(checked_add(ggml_row_bytes(*s.type_k, m.n_embd_k_gqa[l]), ggml_row_bytes(*s.type_v, m.n_embd_v_gqa[l])));
-        const Bytes layer_kv = Bytes(checked_mul(s.n_ctx, row.count()));
+        const bool swa = l < m.swa_layers.size() && m.swa_layers[l];
+        const Bytes layer_kv = Bytes(checked_mul(swa ? std::min(swa_cells, s.n_ctx) : s.n_ctx, row.count()));
         const int dev = s.kv_offload ? device_of(il, m, s, e) : -1;
         if (dev >= 0) b.gpu[static_cast<std::size_t>(dev)].kv += layer_kv;
         else b.host_kv += layer_kv;
@@ -759,6 +790,7 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
     s.ngl = std::min(s.ngl, n + 1);
     s.mmap = !o.no_mmap;
     s.kv_offload = !o.no_kv_offload;
+    s.swa_full = o.swa_full;
     s.type_k = &cache_type(o.cache_type_k, "cache-type-k");
     s.type_v = &cache_type(o.cache_type_v, "cache-type-v");
     // Flash attention: auto is on when the device of every layer supports the
@@ -855,6 +887,11 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
     det.type_v = s.type_v->name;
     det.file_type = m.file_type;
     det.tensor_types = tensor_type_counts(m);
+    for (const LlamaTensor& t : m.tensors) {
+        std::int64_t e = 1;
+        for (const auto ne : t.ne) e = checked_mul(e, ne);
+        det.params = checked_add(det.params, e);
+    }
     // The most layers that fit with these settings, and the longest context
     // (in 256-token steps) with these layers.
     det.fit_gpu_layers = -1;
@@ -903,7 +940,9 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
     out.job = job;
 
     out.assumptions.push_back("llama.cpp " + era.name + ": model buffers = the offloaded tensors padded as ggml-cuda does (rows to 512, buffers to 128 B); KV = " +
-                              std::to_string(s.n_ctx) + " cells x layers x (K + V rows); docs/research/llamacpp.md");
+                              std::to_string(s.n_ctx) + " cells x layers x (K + V rows)" +
+                              (m.n_swa > 0 && !s.swa_full ? ", sliding-window layers (window " + std::to_string(m.n_swa) + ") fewer cells (llama-kv-cache-iswa.cpp)" : std::string()) +
+                              "; docs/research/llamacpp.md");
     out.assumptions.push_back("-ngl " + std::to_string(s.ngl) + (o.n_gpu_layers ? "" : " (all layers; llama.cpp's --fit may choose fewer, or a shorter -c, when they do not fit)") +
                               ", -c " + std::to_string(s.n_ctx) + (o.ctx_size ? "" : era.default_ctx ? " (the CLI default)" : " (the model's training context)") +
                               ", -np " + std::to_string(s.n_seq) + (s.unified ? " (one unified KV stream)" : " (one stream per slot)") +

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "gpumem/memory/estimate.hpp"
+#include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/plan/compute.hpp"
@@ -18,7 +19,39 @@ Result<ServingResult> with_serving_throughput(ServingResult r, std::optional<std
         const std::int64_t cap = std::min<std::int64_t>(r.max_num_seqs, static_cast<std::int64_t>(std::floor(r.concurrency_at_request_len)));
         if (!r.error.empty() || cap < 1) return r;
         if (r.llamacpp) {
-            r.assumptions.push_back("throughput: not modelled for llama.cpp yet (quantized kernels and partial offload have no calibrated roofline)");
+            // llama.cpp: a bandwidth roofline when every layer is on the GPUs
+            // (layers split across GPUs run one after another): each decode
+            // step reads the model buffers and the running requests' KV at the
+            // mean context; prefill at half the GPU's dense fp16 rate.
+            const LlamaCppDetail& d = *r.llamacpp;
+            if (d.n_gpu_layers < d.n_layer + 1) {
+                r.assumptions.push_back("throughput: not modelled with layers on the CPU (host memory bandwidth unknown)");
+                return r;
+            }
+            const GpuSpec gpu = take(find_gpu(r.gpu));
+            Bytes weights, kv;
+            for (const auto& p : r.per_rank) {
+                weights += p.weights;
+                kv += p.kv_cache;
+            }
+            const double kv_per_token = d.n_ctx > 0 ? static_cast<double>(kv.count()) / static_cast<double>(d.n_ctx) : 0.0;
+            const double bw = 0.8 * gpu.bandwidth_gbs * 1e9, flops = 0.5 * gpu.tflops_fp16 * 1e12;
+            const double prompt = static_cast<double>(r.request_len - r.output_len);
+            const double mean_ctx = prompt + static_cast<double>(r.output_len) / 2.0;
+            for (std::int64_t c = 1;; c *= 2) {
+                const std::int64_t n = std::min(c, cap);
+                const double step = (static_cast<double>(weights.count()) + static_cast<double>(n) * mean_ctx * kv_per_token) / bw;
+                ServingThroughput row;
+                row.concurrency = n;
+                row.ttft_seconds = flops > 0 ? 2.0 * static_cast<double>(d.params) * prompt * static_cast<double>(n) / flops : 0.0;
+                row.decode_tokens_per_second = static_cast<double>(n) / step;
+                row.tokens_per_second_per_request = 1.0 / step;
+                row.memory_bound = true;
+                r.throughput.push_back(row);
+                if (n == cap) break;
+            }
+            r.assumptions.push_back("throughput (a roofline): each decode step reads the model buffers and the running requests' KV at 80% of the GPU's "
+                                    "bandwidth; prompts prefilled at half its dense fp16 rate (quantized kernels not calibrated)");
             return r;
         }
         const ModelGraph g = take(load_model(job.model));

@@ -99,6 +99,18 @@ nlohmann::json serving_to_json(const ServingResult& r) {
 
 namespace {
 
+// The throughput roofline per concurrency level ("" when there is none).
+std::string throughput_text(const ServingResult& r, Format f) {
+    if (r.throughput.empty()) return "";
+    Table th;
+    th.header = {"concurrency", "time to first token", "decode tokens/s", "per request", "bound"};
+    th.right_align = {true, true, true, true, false};
+    for (const auto& x : r.throughput)
+        th.rows.push_back({std::to_string(x.concurrency), fixed(x.ttft_seconds * 1000, 0) + " ms", fixed(x.decode_tokens_per_second, 0),
+                           fixed(x.tokens_per_second_per_request, 1), x.memory_bound ? "bandwidth" : "compute"});
+    return "\nthroughput (roofline) for requests of " + with_commas(r.request_len) + " tokens, " + with_commas(r.output_len) + " generated:\n" + render_table(th, f);
+}
+
 // llama.cpp: its own log lines, per device and on the host.
 std::string render_llamacpp(const ServingResult& r, Format f) {
     const LlamaCppDetail& d = *r.llamacpp;
@@ -141,6 +153,7 @@ std::string render_llamacpp(const ServingResult& r, Format f) {
     out += "  sched_reserve: " + std::string(r.per_rank.empty() || r.per_rank.front().weights <= Bytes(0) ? "CPU" : "CUDA_Host") +
            " compute buffer size = " + mib(h.compute) + " (estimate)\n";
     out += "\n" + render_table(t, f);
+    out += throughput_text(r, f);
     out += "\nassumptions:\n";
     for (const auto& a : r.assumptions) out += "  - " + a + "\n";
     return out;
@@ -214,15 +227,7 @@ std::string render_serving(const ServingResult& r, Format f) {
         out += "requests of " + with_commas(r.request_len) + " tokens at once: " + fixed(r.concurrency_at_request_len, 2) + "x\n";
     if (!r.error.empty()) out += r.engine + " would stop with: " + r.error + "\n";
     out += "\n" + render_table(t, f);
-    if (!r.throughput.empty()) {
-        Table th;
-        th.header = {"concurrency", "time to first token", "decode tokens/s", "per request", "bound"};
-        th.right_align = {true, true, true, true, false};
-        for (const auto& x : r.throughput)
-            th.rows.push_back({std::to_string(x.concurrency), fixed(x.ttft_seconds * 1000, 0) + " ms", fixed(x.decode_tokens_per_second, 0),
-                               fixed(x.tokens_per_second_per_request, 1), x.memory_bound ? "bandwidth" : "compute"});
-        out += "\nthroughput (roofline) for requests of " + with_commas(r.request_len) + " tokens, " + with_commas(r.output_len) + " generated:\n" + render_table(th, f);
-    }
+    out += throughput_text(r, f);
     out += "\nassumptions:\n";
     for (const auto& a : r.assumptions) out += "  - " + a + "\n";
     return out;

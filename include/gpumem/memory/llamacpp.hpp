@@ -49,6 +49,8 @@ struct LlamaModel {
     bool fused_qkv = false;        // one attn_qkv tensor per layer
     bool tied = false;             // no output.weight: the GPU gets a copy of token_embd
     bool rope_freqs = false;       // rope_freqs.weight, duplicated into each buffer that has layers
+    std::int64_t n_swa = 0;        // sliding window (tokens) of the layers marked in swa_layers
+    std::vector<bool> swa_layers;  // per layer: sliding-window attention (llama_kv_cache_iswa)
     std::int64_t data_size = 0;    // the file's data section
     std::vector<LlamaTensor> tensors;  // in file order
     std::vector<std::string> notes;

@@ -264,6 +264,7 @@ struct ServingOptions {
     bool no_mmap = false;                                 // --no-mmap: CPU weights copied into RAM, not mapped
     bool no_kv_offload = false;                           // -nkvo: KV cache in host RAM
     std::optional<bool> kv_unified;                       // -kvu: one KV stream shared by the slots
+    bool swa_full = false;                                // --swa-full: sliding-window layers keep the whole context
     std::optional<double> cuda_memory_fraction;           // TGI --cuda-memory-fraction (1.0)
     std::optional<double> free_gpu_memory_fraction;       // TensorRT-LLM kv_cache_free_gpu_memory_fraction (0.9)
 };

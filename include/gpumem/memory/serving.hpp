@@ -63,6 +63,7 @@ struct LlamaCppDetail {
     std::vector<std::pair<std::string, std::int64_t>> tensor_types;  // "q4_K" -> tensors, as llama_model_loader logs them
     std::int64_t fit_gpu_layers = -1;  // the most -ngl that fits every GPU with these settings (-1: not even 0)
     std::int64_t fit_ctx_size = 0;     // the largest -c (256-token steps) that fits with this -ngl (0: none)
+    std::int64_t params = 0;           // elements of the model's tensors (for the prefill roofline)
 };
 
 // Decode and prefill speed at one concurrency level (plan/serving_time.hpp).
