@@ -12,14 +12,13 @@
 
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/model/load.hpp"
+#include "engine_args.hpp"
 
 namespace gpumem {
 
 namespace {
 
-void check(bool ok, const char* field, const std::string& msg) {
-    if (!ok) fail(ErrorCode::InvalidArgument, field, msg);
-}
+using engine_args::check;
 
 std::string mib(Bytes b) {
     char buf[48];
@@ -418,29 +417,10 @@ Result<LlamaModel> llama_model_from_gguf(const GgufFile& f, std::string_view nam
 
 // ---- the command line --------------------------------------------------
 
-namespace {
-
-std::int64_t int_value(const std::string& flag, const std::string& v) {
-    std::size_t used = 0;
-    long long n = 0;
-    try {
-        n = std::stoll(v, &used);
-    } catch (...) {
-        used = 0;
-    }
-    if (used != v.size() || v.empty()) fail(ErrorCode::InvalidArgument, "command", "llama.cpp " + flag + " takes an integer (got \"" + v + "\")");
-    return n;
-}
-
-}  // namespace
-
 void apply_llamacpp_command(const std::vector<std::string>& argv, std::size_t i, ServingOptions& o, EstimateRequest& job) {
     o.engine = Engine::LlamaCpp;
-    const auto value = [&](const std::string& flag, const std::string& inl) -> std::string {
-        if (!inl.empty()) return inl;
-        check(i + 1 < argv.size(), "command", "llama.cpp " + flag + " needs a value");
-        return argv[++i];
-    };
+    engine_args::FlagReader f(argv, i, "llama.cpp");
+    const auto int_value = [](const std::string& flag, const std::string& v) { return engine_args::to_int("llama.cpp", flag, v); };
     // Flags that do not change memory (common/arg.cpp @LC), with a value / without.
     static const std::vector<std::string> kIgnoredValue = {
         "-t", "--threads", "-tb", "--threads-batch", "--host", "--port", "-n", "--n-predict", "--temp", "--top-k", "--top-p", "--min-p",
@@ -451,45 +431,36 @@ void apply_llamacpp_command(const std::vector<std::string>& argv, std::size_t i,
         "--jinja", "-cnv", "--conversation", "-no-cnv", "--no-conversation", "--no-warmup", "--metrics", "-cb", "--cont-batching",
         "--mlock", "-v", "--verbose", "--log-disable", "--no-webui", "-e", "--escape", "--no-display-prompt", "--mmap",
         "--embedding", "--embeddings", "-sp", "--special", "--props", "--slots", "--no-perf", "-i", "--interactive", "-st", "--single-turn"};
-    for (; i < argv.size(); ++i) {
-        std::string a = argv[i], inl;
-        if (a.empty() || a[0] != '-') fail(ErrorCode::InvalidArgument, "command", "unexpected argument \"" + a + "\" in the llama.cpp command line");
-        if (const auto eq = a.find('='); eq != std::string::npos && a.rfind("--", 0) == 0) {
-            inl = a.substr(eq + 1);
-            a = a.substr(0, eq);
-        }
+    while (f.next()) {
+        const std::string a = f.flag();
+        if (!f.is_flag()) fail(ErrorCode::InvalidArgument, "command", "unexpected argument \"" + a + "\" in the llama.cpp command line");
         if (a == "-m" || a == "--model") {
-            const std::string m = value(a, inl);
+            const std::string m = f.value();
             if (job.model.empty()) job.model = m;  // a MODEL given before `--` stands in for this one
         } else if (a == "-ngl" || a == "--gpu-layers" || a == "--n-gpu-layers") {
-            const std::string v = value(a, inl);
+            const std::string v = f.value();
             if (v == "all" || v == "auto" || v == "-1") o.n_gpu_layers.reset();
             else o.n_gpu_layers = int_value(a, v);
         } else if (a == "-c" || a == "--ctx-size") {
-            o.ctx_size = int_value(a, value(a, inl));
+            o.ctx_size = int_value(a, f.value());
         } else if (a == "-b" || a == "--batch-size") {
-            o.max_num_batched_tokens = int_value(a, value(a, inl));
+            o.max_num_batched_tokens = int_value(a, f.value());
         } else if (a == "-ub" || a == "--ubatch-size") {
-            o.ubatch_size = int_value(a, value(a, inl));
+            o.ubatch_size = int_value(a, f.value());
         } else if (a == "-np" || a == "--parallel") {
-            o.max_num_seqs = int_value(a, value(a, inl));
+            o.max_num_seqs = int_value(a, f.value());
         } else if (a == "-fa" || a == "--flash-attn") {
             // -fa on|off|auto (since 2025-09); a bare -fa (older builds) means on.
-            if (!inl.empty()) {
-                o.flash_attn = inl;
-            } else if (i + 1 < argv.size() && (argv[i + 1] == "on" || argv[i + 1] == "off" || argv[i + 1] == "auto")) {
-                o.flash_attn = argv[++i];
-            } else {
-                o.flash_attn = "on";
-            }
+            std::string v;
+            o.flash_attn = f.take_if({"on", "off", "auto"}, &v) ? v : std::string("on");
         } else if (a == "-ctk" || a == "--cache-type-k") {
-            o.cache_type_k = value(a, inl);
+            o.cache_type_k = f.value();
         } else if (a == "-ctv" || a == "--cache-type-v") {
-            o.cache_type_v = value(a, inl);
+            o.cache_type_v = f.value();
         } else if (a == "-ts" || a == "--tensor-split") {
-            o.tensor_split = value(a, inl);
+            o.tensor_split = f.value();
         } else if (a == "-sm" || a == "--split-mode") {
-            o.split_mode = value(a, inl);
+            o.split_mode = f.value();
         } else if (a == "--no-mmap") {
             o.no_mmap = true;
         } else if (a == "-nkvo" || a == "--no-kv-offload") {
@@ -499,11 +470,11 @@ void apply_llamacpp_command(const std::vector<std::string>& argv, std::size_t i,
         } else if (a == "--swa-full") {
             o.swa_full = true;
         } else if (a == "-hf" || a == "--hf-repo" || a == "-hff" || a == "--hf-file") {
-            value(a, inl);
+            f.value();
             check(!job.model.empty(), "command",
                   "llama.cpp " + a + " downloads the model: name it before -- instead (a preset or config.json with --quant, or the .gguf file)");
         } else if (std::find(kIgnoredValue.begin(), kIgnoredValue.end(), a) != kIgnoredValue.end()) {
-            value(a, inl);
+            f.value();
         } else if (std::find(kIgnoredFlag.begin(), kIgnoredFlag.end(), a) != kIgnoredFlag.end()) {
         } else {
             fail(ErrorCode::InvalidArgument, "command",
@@ -927,13 +898,7 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
     out.fit_max_model_len = s.unified ? det.fit_ctx_size : det.fit_ctx_size / s.n_seq;
     out.kv_cache_blocks = s.n_ctx;
     out.max_concurrency = static_cast<double>(s.n_seq);
-    out.request_len = o.request_len.value_or(s.n_ctx_seq);
-    check(out.request_len >= 1, "request-len", "--request-len must be a positive number of tokens");
-    check(out.request_len <= s.n_ctx_seq, "request-len",
-          "--request-len " + std::to_string(out.request_len) + " is longer than a slot's context " + std::to_string(s.n_ctx_seq) +
-              " (-c / -np): llama-server stops such a request at the slot's end; raise -c or lower -np");
-    out.output_len = o.output_len.value_or(std::min<std::int64_t>(256, out.request_len / 2));
-    check(out.output_len >= 0 && out.output_len < out.request_len, "output-len", "--output-len must be at least 0 and shorter than the request");
+    engine_args::set_request_len(out, o, "a slot's context (-c / -np)", "llama-server stops such a request at the slot's end; raise -c or lower -np");
     out.concurrency_at_request_len =
         s.unified ? std::min<double>(static_cast<double>(s.n_seq), std::floor(static_cast<double>(s.n_ctx) / static_cast<double>(out.request_len)))
                   : static_cast<double>(s.n_seq);

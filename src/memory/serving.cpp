@@ -8,6 +8,7 @@
 
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/memory/job.hpp"
+#include "engine_args.hpp"
 #include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/weight_quant.hpp"
@@ -18,34 +19,13 @@ namespace gpumem {
 
 namespace {
 
-void check(bool ok, const char* field, const std::string& msg) {
-    if (!ok) fail(ErrorCode::InvalidArgument, field, msg);
-}
+using engine_args::check;
+using engine_args::to_fraction;
 
 std::string gib(Bytes b) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b.count()) / 1073741824.0);
     return buf;
-}
-
-std::int64_t to_int(const std::string& flag, const std::string& v) {
-    std::size_t used = 0;
-    long long n = 0;
-    try {
-        n = std::stoll(v, &used);
-    } catch (...) {
-        used = 0;
-    }
-    if (used != v.size() || v.empty()) fail(ErrorCode::InvalidArgument, flag, "vllm " + flag + " takes an integer (got \"" + v + "\")");
-    return n;
-}
-
-// A fraction flag's value (`--gpu-memory-utilization 0.9`).
-double to_fraction(const std::string& engine, const std::string& flag, const char* field, const std::string& v) {
-    char* end = nullptr;
-    const double u = std::strtod(v.c_str(), &end);
-    check(end && *end == '\0' && !v.empty(), field, engine + " " + flag + " takes a number (got \"" + v + "\")");
-    return u;
 }
 
 // `--dtype`: both engines take auto, bfloat16, float16/half, float32/float.
@@ -66,56 +46,48 @@ bool is_python(const std::string& a) { return a.rfind("python", 0) == 0; }
 // names (server_args.py@7ae368efde14 ServerArgs.add_cli_args).
 void apply_sglang_command(const std::vector<std::string>& argv, std::size_t i, ServingOptions& o, EstimateRequest& job) {
     o.engine = Engine::SGLang;
-    const auto value = [&](const std::string& flag, const std::string& inline_value) -> std::string {
-        if (!inline_value.empty()) return inline_value;
-        check(i + 1 < argv.size(), "command", "sglang " + flag + " needs a value");
-        return argv[++i];
-    };
+    engine_args::FlagReader f(argv, i, "sglang");
     static const std::vector<std::string> kIgnored = {"--host", "--port", "--served-model-name", "--api-key", "--log-level", "--random-seed",
                                                       "--tokenizer-path", "--chat-template", "--revision", "--download-dir"};
     static const std::vector<std::string> kBool = {"--trust-remote-code", "--enable-metrics", "--disable-radix-cache", "--log-requests",
                                                    "--skip-tokenizer-init"};
-    for (; i < argv.size(); ++i) {
-        std::string a = argv[i], inl;
+    while (f.next()) {
+        std::string a = f.flag();
         if (a.rfind("--", 0) != 0) fail(ErrorCode::InvalidArgument, "command", "unexpected argument \"" + a + "\" in the sglang command line");
-        if (const auto eq = a.find('='); eq != std::string::npos) {
-            inl = a.substr(eq + 1);
-            a = a.substr(0, eq);
-        }
         if (a == "--model-path" || a == "--model") {
-            const std::string m = value(a, inl);
+            const std::string m = f.value();
             if (job.model.empty()) job.model = m;
         } else if (a == "--tp" || a == "--tp-size" || a == "--tensor-parallel-size") {
-            job.parallel.tp = to_int(a, value(a, inl));
+            job.parallel.tp = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--pp" || a == "--pp-size" || a == "--pipeline-parallel-size") {
-            job.parallel.pp = to_int(a, value(a, inl));
+            job.parallel.pp = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--mem-fraction-static") {
-            o.mem_fraction_static = to_fraction("sglang", a, "mem-fraction-static", value(a, inl));
+            o.mem_fraction_static = to_fraction("sglang", a, "mem-fraction-static", f.value());
         } else if (a == "--context-length") {
-            o.max_model_len = to_int(a, value(a, inl));
+            o.max_model_len = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--max-total-tokens") {
-            o.max_total_tokens = to_int(a, value(a, inl));
+            o.max_total_tokens = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--max-running-requests") {
-            o.max_num_seqs = to_int(a, value(a, inl));
+            o.max_num_seqs = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--chunked-prefill-size") {
-            o.max_num_batched_tokens = to_int(a, value(a, inl));
+            o.max_num_batched_tokens = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--page-size") {
-            o.block_size = to_int(a, value(a, inl));
+            o.block_size = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--disable-cuda-graph") {
             o.enforce_eager = true;
         } else if (a == "--kv-cache-dtype") {
-            const std::string v = value(a, inl);
+            const std::string v = f.value();
             if (v == "fp8_e5m2" || v == "fp8_e4m3") job.kv_dtype = DType::F8_E4M3;
             else if (v == "bf16" || v == "bfloat16") job.kv_dtype = DType::BF16;
             else check(v == "auto", "kv-dtype", "sglang --kv-cache-dtype " + v + " is not modelled (auto, fp8_e5m2, fp8_e4m3, bf16)");
         } else if (a == "--dtype") {
-            apply_model_dtype("sglang", value(a, inl), job);
+            apply_model_dtype("sglang", f.value(), job);
         } else if (a == "--quantization") {
-            const std::string v = value(a, inl);
+            const std::string v = f.value();
             if (v == "fp8") o.quant = v;
         } else if (std::find(kBool.begin(), kBool.end(), a) != kBool.end()) {
         } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
-            if (inl.empty()) ++i;  // its value
+            f.value();  // its value, ignored
         } else {
             fail(ErrorCode::InvalidArgument, "command",
                  "sglang " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--model-path, --tp, --pp, "
@@ -128,53 +100,45 @@ void apply_sglang_command(const std::vector<std::string>& argv, std::size_t i, S
 // `text-generation-launcher --model-id MODEL ...` (launcher/src/main.rs Args @db931fcf).
 void apply_tgi_command(const std::vector<std::string>& argv, std::size_t i, ServingOptions& o, EstimateRequest& job) {
     o.engine = Engine::TGI;
-    const auto value = [&](const std::string& flag, const std::string& inline_value) -> std::string {
-        if (!inline_value.empty()) return inline_value;
-        check(i + 1 < argv.size(), "command", "tgi " + flag + " needs a value");
-        return argv[++i];
-    };
+    engine_args::FlagReader f(argv, i, "tgi");
     static const std::vector<std::string> kIgnored = {"--hostname", "--port", "--max-concurrent-requests", "--revision", "--huggingface-hub-cache",
                                                       "--max-waiting-tokens", "--waiting-served-ratio", "--max-best-of", "--max-stop-sequences",
                                                       "--max-top-n-tokens", "--json-output", "--otlp-endpoint", "--api-key", "--cors-allow-origin",
                                                       "--shard-uds-path", "--master-addr", "--master-port", "--validation-workers"};
     static const std::vector<std::string> kBool = {"--trust-remote-code", "--disable-custom-kernels", "--json-output", "--sharded"};
-    for (; i < argv.size(); ++i) {
-        std::string a = argv[i], inl;
+    while (f.next()) {
+        std::string a = f.flag();
         if (a.rfind("--", 0) != 0) fail(ErrorCode::InvalidArgument, "command", "unexpected argument \"" + a + "\" in the text-generation-launcher command line");
-        if (const auto eq = a.find('='); eq != std::string::npos) {
-            inl = a.substr(eq + 1);
-            a = a.substr(0, eq);
-        }
         if (a == "--model-id") {
-            const std::string m = value(a, inl);
+            const std::string m = f.value();
             if (job.model.empty()) job.model = m;
         } else if (a == "--num-shard") {
-            job.parallel.tp = to_int(a, value(a, inl));
+            job.parallel.tp = engine_args::to_int("tgi", a, f.value());
         } else if (a == "--max-total-tokens") {
-            o.max_total_tokens = to_int(a, value(a, inl));
+            o.max_total_tokens = engine_args::to_int("tgi", a, f.value());
         } else if (a == "--max-input-tokens" || a == "--max-input-length") {
-            to_int(a, value(a, inl));  // bounds the warmup requests with --max-total-tokens; v3 sizes the warmup by the prefill budget
+            engine_args::to_int("tgi", a, f.value());  // bounds the warmup requests with --max-total-tokens; v3 sizes the warmup by the prefill budget
         } else if (a == "--max-batch-prefill-tokens") {
-            o.max_num_batched_tokens = to_int(a, value(a, inl));
+            o.max_num_batched_tokens = engine_args::to_int("tgi", a, f.value());
         } else if (a == "--max-batch-size") {
-            o.max_num_seqs = to_int(a, value(a, inl));
+            o.max_num_seqs = engine_args::to_int("tgi", a, f.value());
         } else if (a == "--cuda-memory-fraction") {
-            o.cuda_memory_fraction = to_fraction("tgi", a, "cuda-memory-fraction", value(a, inl));
+            o.cuda_memory_fraction = to_fraction("tgi", a, "cuda-memory-fraction", f.value());
         } else if (a == "--max-batch-total-tokens") {
-            value(a, inl);  // ignored by flash models: the warmup infers it (backends/v3/src/lib.rs L89-97)
+            f.value();  // ignored by flash models: the warmup infers it (backends/v3/src/lib.rs L89-97)
         } else if (a == "--cuda-graphs") {
-            if (value(a, inl) == "0") o.enforce_eager = true;
+            if (f.value() == "0") o.enforce_eager = true;
         } else if (a == "--kv-cache-dtype") {
-            const std::string v = value(a, inl);
+            const std::string v = f.value();
             check(v == "fp8_e4m3fn" || v == "fp8_e5m2", "kv-dtype", "tgi --kv-cache-dtype takes fp8_e4m3fn or fp8_e5m2 (got " + v + ")");
             job.kv_dtype = DType::F8_E4M3;
         } else if (a == "--dtype") {
-            apply_model_dtype("tgi", value(a, inl), job);
+            apply_model_dtype("tgi", f.value(), job);
         } else if (a == "--quantize") {
             fail(ErrorCode::InvalidArgument, "command", "tgi --quantize is not modelled by gpumem serving yet (quantized weights)");
         } else if (std::find(kBool.begin(), kBool.end(), a) != kBool.end()) {
         } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
-            value(a, inl);
+            f.value();
         } else {
             fail(ErrorCode::InvalidArgument, "command",
                  "tgi " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--model-id, --num-shard, --max-total-tokens, "
@@ -187,52 +151,107 @@ void apply_tgi_command(const std::vector<std::string>& argv, std::size_t i, Serv
 void apply_trtllm_command(const std::vector<std::string>& argv, std::size_t i, ServingOptions& o, EstimateRequest& job) {
     o.engine = Engine::TRTLLM;
     const std::size_t first = i;
-    const auto value = [&](const std::string& flag, const std::string& inline_value) -> std::string {
-        if (!inline_value.empty()) return inline_value;
-        check(i + 1 < argv.size(), "command", "trtllm-serve " + flag + " needs a value");
-        return argv[++i];
-    };
+    engine_args::FlagReader f(argv, i, "trtllm-serve");
     static const std::vector<std::string> kIgnored = {"--host", "--port", "--log_level", "--tokenizer", "--served_model_name", "--num_postprocess_workers",
                                                       "--reasoning_parser", "--metadata_server_config_file", "--server_role"};
     static const std::vector<std::string> kBool = {"--trust_remote_code"};
-    for (; i < argv.size(); ++i) {
-        std::string a = argv[i], inl;
+    while (f.next()) {
+        std::string a = f.flag();
         if (a.rfind("--", 0) != 0) {
-            check(job.model.empty() || i == first, "command", "unexpected argument \"" + a + "\" in the trtllm-serve command line");
+            check(job.model.empty() || f.index() == first, "command", "unexpected argument \"" + a + "\" in the trtllm-serve command line");
             if (job.model.empty()) job.model = a;
             continue;
-        }
-        if (const auto eq = a.find('='); eq != std::string::npos) {
-            inl = a.substr(eq + 1);
-            a = a.substr(0, eq);
         }
         std::replace(a.begin(), a.end(), '-', '_');
         a = "--" + a.substr(2);
         if (a == "--tp_size") {
-            job.parallel.tp = to_int(a, value(a, inl));
+            job.parallel.tp = engine_args::to_int("trtllm-serve", a, f.value());
         } else if (a == "--pp_size") {
-            job.parallel.pp = to_int(a, value(a, inl));
+            job.parallel.pp = engine_args::to_int("trtllm-serve", a, f.value());
         } else if (a == "--max_batch_size") {
-            o.max_num_seqs = to_int(a, value(a, inl));
+            o.max_num_seqs = engine_args::to_int("trtllm-serve", a, f.value());
         } else if (a == "--max_num_tokens") {
-            o.max_num_batched_tokens = to_int(a, value(a, inl));
+            o.max_num_batched_tokens = engine_args::to_int("trtllm-serve", a, f.value());
         } else if (a == "--max_seq_len") {
-            o.max_model_len = to_int(a, value(a, inl));
+            o.max_model_len = engine_args::to_int("trtllm-serve", a, f.value());
         } else if (a == "--kv_cache_free_gpu_memory_fraction") {
-            o.free_gpu_memory_fraction = to_fraction("trtllm-serve", a, "free-gpu-memory-fraction", value(a, inl));
+            o.free_gpu_memory_fraction = to_fraction("trtllm-serve", a, "free-gpu-memory-fraction", f.value());
         } else if (a == "--backend") {
-            const std::string v = value(a, inl);
+            const std::string v = f.value();
             check(v == "pytorch", "command", "trtllm-serve --backend " + v + " is not modelled: a TensorRT engine's memory is fixed by its build (use the pytorch backend)");
         } else if (a == "--extra_llm_api_options") {
             fail(ErrorCode::InvalidArgument, "command", "trtllm-serve --extra_llm_api_options is not read by gpumem serving: give its settings as flags "
                                                         "(--free-gpu-memory-fraction, --max-total-tokens for max_tokens, --block-size for tokens_per_block)");
         } else if (std::find(kBool.begin(), kBool.end(), a) != kBool.end()) {
         } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
-            value(a, inl);
+            f.value();
         } else {
             fail(ErrorCode::InvalidArgument, "command",
                  "trtllm-serve " + a + " is not modelled by gpumem serving: drop it, or use the options it models (--tp_size, --pp_size, --max_batch_size, "
                  "--max_num_tokens, --max_seq_len, --kv_cache_free_gpu_memory_fraction, --backend pytorch)");
+        }
+    }
+}
+
+// `vllm serve MODEL ...` / `python -m vllm.entrypoints.openai.api_server ...`
+// from argument `i` on (vllm/engine/arg_utils.py flag names).
+void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, ServingOptions& o, EstimateRequest& job) {
+    o.engine = Engine::VLLM;
+    const std::size_t first = i;
+    engine_args::FlagReader f(argv, i, "vllm");
+    // Flags that do not change memory are accepted and ignored.
+    static const std::vector<std::string> kIgnored = {"--host", "--port", "--served-model-name", "--api-key", "--trust-remote-code",
+                                                      "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-log-requests",
+                                                      "--disable-log-stats", "--uvicorn-log-level", "--seed", "--tokenizer", "--revision",
+                                                      "--download-dir", "--load-format", "--generation-config", "--chat-template"};
+    static const std::vector<std::string> kBoolIgnored = {"--trust-remote-code", "--enable-prefix-caching", "--no-enable-prefix-caching",
+                                                          "--disable-log-requests", "--disable-log-stats"};
+    while (f.next()) {
+        const std::string a = f.flag();
+        if (a.rfind("--", 0) != 0 && a != "-tp" && a != "-pp" && a != "-q") {
+            check(job.model.empty() || f.index() == first, "command", "unexpected argument \"" + a + "\" in the vllm command line");
+            if (job.model.empty()) job.model = a;  // a MODEL given before `--` stands in for this one
+            continue;
+        }
+        if (a == "--model") {
+            const std::string m = f.value();
+            if (job.model.empty()) job.model = m;
+        } else if (a == "--max-model-len") {
+            o.max_model_len = engine_args::to_int("vllm", a, f.value());
+        } else if (a == "--tensor-parallel-size" || a == "-tp") {
+            job.parallel.tp = engine_args::to_int("vllm", a, f.value());
+        } else if (a == "--pipeline-parallel-size" || a == "-pp") {
+            job.parallel.pp = engine_args::to_int("vllm", a, f.value());
+        } else if (a == "--gpu-memory-utilization") {
+            o.gpu_memory_utilization = to_fraction("vllm", a, "gpu-memory-utilization", f.value());
+        } else if (a == "--max-num-seqs") {
+            o.max_num_seqs = engine_args::to_int("vllm", a, f.value());
+        } else if (a == "--max-num-batched-tokens") {
+            o.max_num_batched_tokens = engine_args::to_int("vllm", a, f.value());
+        } else if (a == "--block-size") {
+            o.block_size = engine_args::to_int("vllm", a, f.value());
+        } else if (a == "--kv-cache-memory") {
+            o.kv_cache_memory = Bytes(engine_args::to_int("vllm", a, f.value()));
+        } else if (a == "--enforce-eager") {
+            o.enforce_eager = true;
+        } else if (a == "--kv-cache-dtype") {
+            const std::string v = f.value();
+            if (v == "fp8" || v == "fp8_e4m3" || v == "fp8_e5m2") job.kv_dtype = DType::F8_E4M3;
+            else if (v == "bfloat16") job.kv_dtype = DType::BF16;
+            else if (v == "float16" || v == "half") job.kv_dtype = DType::F16;
+            else check(v == "auto", "kv-dtype", "vllm --kv-cache-dtype " + v + " is not modelled (auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16)");
+        } else if (a == "--dtype") {
+            apply_model_dtype("vllm", f.value(), job);
+        } else if (a == "--quantization" || a == "-q") {
+            const std::string v = f.value();
+            if (v == "fp8") o.quant = v;  // online FP8; other methods come from the checkpoint's config
+        } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
+            if (std::find(kBoolIgnored.begin(), kBoolIgnored.end(), a) == kBoolIgnored.end()) f.value();  // its value, ignored
+        } else {
+            fail(ErrorCode::InvalidArgument, "command",
+                 "vllm " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--max-model-len, --tensor-parallel-size, "
+                 "--pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --block-size, --kv-cache-dtype, "
+                 "--kv-cache-memory, --dtype, --enforce-eager)");
         }
     }
 }
@@ -265,86 +284,11 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
              "the engine command line must start with `vllm serve`, `python -m vllm.entrypoints.openai.api_server`, "
              "`python -m sglang.launch_server`, `sglang serve`, `text-generation-launcher`, `trtllm-serve`, `llama-server` or `llama-cli` (got \"" + argv[0] + "\")");
     }
-    o.engine = Engine::VLLM;
-    const auto value = [&](const std::string& flag, std::string inline_value) -> std::string {
-        if (!inline_value.empty()) return inline_value;
-        check(i + 1 < argv.size(), "command", "vllm " + flag + " needs a value");
-        return argv[++i];
-    };
-    // Flags that do not change memory are accepted and ignored.
-    static const std::vector<std::string> kIgnored = {"--host", "--port", "--served-model-name", "--api-key", "--trust-remote-code",
-                                                      "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-log-requests",
-                                                      "--disable-log-stats", "--uvicorn-log-level", "--seed", "--tokenizer", "--revision",
-                                                      "--download-dir", "--load-format", "--generation-config", "--chat-template"};
-    static const std::vector<std::string> kBoolIgnored = {"--trust-remote-code", "--enable-prefix-caching", "--no-enable-prefix-caching",
-                                                          "--disable-log-requests", "--disable-log-stats"};
-    for (; i < argv.size(); ++i) {
-        std::string a = argv[i], inl;
-        if (a.rfind("--", 0) != 0 && a != "-tp" && a != "-pp") {
-            check(job.model.empty() || i == 2 || i == 3, "command", "unexpected argument \"" + a + "\" in the vllm command line");
-            if (job.model.empty()) job.model = a;  // a MODEL given before `--` stands in for this one
-            continue;
-        }
-        if (const auto eq = a.find('='); eq != std::string::npos) {
-            inl = a.substr(eq + 1);
-            a = a.substr(0, eq);
-        }
-        if (a == "--model") {
-            const std::string m = value(a, inl);
-            if (job.model.empty()) job.model = m;
-        } else if (a == "--max-model-len") {
-            o.max_model_len = to_int(a, value(a, inl));
-        } else if (a == "--tensor-parallel-size" || a == "-tp") {
-            job.parallel.tp = to_int(a, value(a, inl));
-        } else if (a == "--pipeline-parallel-size" || a == "-pp") {
-            job.parallel.pp = to_int(a, value(a, inl));
-        } else if (a == "--gpu-memory-utilization") {
-            o.gpu_memory_utilization = to_fraction("vllm", a, "gpu-memory-utilization", value(a, inl));
-        } else if (a == "--max-num-seqs") {
-            o.max_num_seqs = to_int(a, value(a, inl));
-        } else if (a == "--max-num-batched-tokens") {
-            o.max_num_batched_tokens = to_int(a, value(a, inl));
-        } else if (a == "--block-size") {
-            o.block_size = to_int(a, value(a, inl));
-        } else if (a == "--kv-cache-memory") {
-            o.kv_cache_memory = Bytes(to_int(a, value(a, inl)));
-        } else if (a == "--enforce-eager") {
-            o.enforce_eager = true;
-        } else if (a == "--kv-cache-dtype") {
-            const std::string v = value(a, inl);
-            if (v == "fp8" || v == "fp8_e4m3" || v == "fp8_e5m2") job.kv_dtype = DType::F8_E4M3;
-            else if (v == "bfloat16") job.kv_dtype = DType::BF16;
-            else if (v == "float16" || v == "half") job.kv_dtype = DType::F16;
-            else check(v == "auto", "kv-dtype", "vllm --kv-cache-dtype " + v + " is not modelled (auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16)");
-        } else if (a == "--dtype") {
-            apply_model_dtype("vllm", value(a, inl), job);
-        } else if (a == "--quantization" || a == "-q") {
-            const std::string v = value(a, inl);
-            if (v == "fp8") o.quant = v;  // online FP8; other methods come from the checkpoint's config
-        } else if (std::find(kIgnored.begin(), kIgnored.end(), a) != kIgnored.end()) {
-            if (inl.empty() && std::find(kBoolIgnored.begin(), kBoolIgnored.end(), a) == kBoolIgnored.end()) ++i;  // its value
-        } else {
-            fail(ErrorCode::InvalidArgument, "command",
-                 "vllm " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--max-model-len, --tensor-parallel-size, "
-                 "--pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --block-size, --kv-cache-dtype, "
-                 "--kv-cache-memory, --dtype, --enforce-eager)");
-        }
-    }
+    apply_vllm_command(argv, i, o, job);
 }
 
 namespace {
 
-// --request-len / --output-len, checked against the engine's max_model_len.
-void set_request_len(ServingResult& out, const ServingOptions& o) {
-    out.request_len = o.request_len.value_or(out.max_model_len);
-    check(out.request_len >= 1, "request-len", "--request-len must be a positive number of tokens");
-    check(out.request_len <= out.max_model_len, "request-len",
-          "--request-len " + std::to_string(out.request_len) + " is longer than the engine's maximum request length " + std::to_string(out.max_model_len) +
-              ": the engine rejects such requests; raise --max-model-len or shorten --request-len");
-    out.output_len = o.output_len.value_or(std::min<std::int64_t>(256, out.request_len / 2));
-    check(out.output_len >= 0 && out.output_len < out.request_len, "output-len",
-          "--output-len must be at least 0 and shorter than the request (" + std::to_string(out.request_len) + " tokens)");
-}
 
 // Weights of each pipeline stage's ranks: gpumem's inference layout (each
 // rank's share of the tensor-parallel weights, the stage's layers).
@@ -569,7 +513,7 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
     out.fit_max_model_len = g.max_positions > 0 ? std::min(tokens, g.max_positions) : tokens;
     out.kv_cache_blocks = tokens / out.block_size;
     out.max_concurrency = static_cast<double>(tokens) / static_cast<double>(out.max_model_len);
-    set_request_len(out, o);
+    engine_args::set_request_len(out, o, "the engine's maximum request length", "the engine rejects such requests; raise --max-model-len or shorten --request-len");
     out.concurrency_at_request_len = static_cast<double>(tokens) / static_cast<double>(out.request_len);
     if (tokens <= 0) out.error = "Not enough memory. Please try to increase --mem-fraction-static.";
     std::size_t worst = 0;
@@ -705,7 +649,7 @@ ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const 
     out.per_gpu = r;
     out.max_concurrency = out.max_model_len > 0 ? static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.max_model_len) : 0;
     out.fit_max_model_len = std::min(out.kv_cache_tokens, mpe);
-    set_request_len(out, o);
+    engine_args::set_request_len(out, o, "the engine's maximum request length", "the engine rejects such requests; raise --max-model-len or shorten --request-len");
     out.concurrency_at_request_len = static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.request_len);
     if (out.max_num_seqs == 0) out.max_num_seqs = std::max<std::int64_t>(1, static_cast<std::int64_t>(out.concurrency_at_request_len));
     char frac[32];
@@ -803,7 +747,7 @@ ServingResult trtllm_memory(const ModelGraph& g, const EstimateRequest& job, con
     out.per_gpu = ranks[worst];
     out.max_concurrency = static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.max_model_len);
     out.fit_max_model_len = std::min(out.kv_cache_tokens, out.max_model_len);
-    set_request_len(out, o);
+    engine_args::set_request_len(out, o, "the engine's maximum request length", "the engine rejects such requests; raise --max-model-len or shorten --request-len");
     out.concurrency_at_request_len = std::min(static_cast<double>(out.max_num_seqs), static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.request_len));
     char frac[32];
     std::snprintf(frac, sizeof frac, "%.2f", f);
@@ -966,7 +910,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         out.kv_cache_tokens = kv.kv_cache_tokens;
         out.fit_max_model_len = g.max_positions > 0 ? std::min(kv.kv_cache_tokens, g.max_positions) : kv.kv_cache_tokens;
         out.max_concurrency = v0 ? static_cast<double>(kv.kv_cache_tokens) / static_cast<double>(out.max_model_len) : kv.max_concurrency;  // V0: blocks x 16 / L
-        set_request_len(out, o);
+        engine_args::set_request_len(out, o, "the engine's maximum request length", "the engine rejects such requests; raise --max-model-len or shorten --request-len");
         // Requests of another length: the count vLLM logs for max_model_len
         // (blocks / cdiv(len, block_size)), at request_len.
         out.concurrency_at_request_len =

@@ -262,6 +262,18 @@ void pick_head(const json& j, TransformerSpec& spec, const HeadClasses& hc) {
     }
 }
 
+// Qwen2-MoE / Qwen3-MoE: every decoder_sparse_step-th layer is sparse unless
+// listed in mlp_only_layers (modeling_qwen2_moe.py / modeling_qwen3_moe.py).
+void read_sparse_layers(Reader& r, TransformerSpec& s) {
+    const std::int64_t step = r.integer({"decoder_sparse_step"}, 1);
+    const auto mlp_only = r.int_list("mlp_only_layers");
+    s.sparse_layers.assign(static_cast<std::size_t>(s.layers), false);
+    for (std::int64_t i = 0; i < s.layers; ++i) {
+        const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+        s.sparse_layers[static_cast<std::size_t>(i)] = !only && s.experts > 0 && (i + 1) % step == 0;
+    }
+}
+
 // Families whose modules follow LlamaForCausalLM (RMSNorm, rotary, gated MLP).
 void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     struct D {
@@ -334,7 +346,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.o_bias = ab;
     }
     if (type == "llama" || type == "granite") s.mlp_bias = r.boolean({"mlp_bias"}, false);
-    if (type == "qwen3" || type == "qwen3_moe") s.qk_norm = true;
+    if (type == "qwen3" || type == "qwen3_moe") s.qk_norm = true;  // Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
     if (type == "gpt_oss") {  // modeling_gpt_oss.py: biased attention and router, fused biased experts, attention sinks
         const bool ab = r.boolean({"attention_bias"}, true);
         s.qkv_bias = ab;
@@ -347,18 +359,12 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.fused_expert_gate_up = true;
         s.attention_sinks = true;
         s.sparse_layers.assign(static_cast<std::size_t>(s.layers), s.experts > 0);
-    }  // Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
+    }
     if (type == "qwen3_moe") {
         s.experts = r.integer({"num_experts"}, 128, 0);
         s.experts_per_token = r.integer({"num_experts_per_tok"}, 8);
         s.moe_intermediate = r.integer({"moe_intermediate_size"}, 768);
-        const std::int64_t step = r.integer({"decoder_sparse_step"}, 1);
-        const auto mlp_only = r.int_list("mlp_only_layers");
-        s.sparse_layers.assign(static_cast<std::size_t>(s.layers), false);
-        for (std::int64_t i = 0; i < s.layers; ++i) {
-            const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
-            s.sparse_layers[static_cast<std::size_t>(i)] = !only && s.experts > 0 && (i + 1) % step == 0;
-        }
+        read_sparse_layers(r, s);
     }
     // Sliding-window attention, per layer: an explicit layer_types list
     // (newer configs), else each family's rule.
@@ -438,13 +444,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.shared_expert_intermediate = r.integer({"shared_expert_intermediate_size"}, 5632, 0);
         s.shared_experts = s.shared_expert_intermediate > 0 ? 1 : 0;
         s.shared_expert_gate = s.shared_experts > 0;
-        const std::int64_t step = r.integer({"decoder_sparse_step"}, 1);
-        const auto mlp_only = r.int_list("mlp_only_layers");
-        s.sparse_layers.assign(static_cast<std::size_t>(s.layers), false);
-        for (std::int64_t i = 0; i < s.layers; ++i) {
-            const bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
-            s.sparse_layers[static_cast<std::size_t>(i)] = !only && s.experts > 0 && (i + 1) % step == 0;
-        }
+        read_sparse_layers(r, s);
     }
     if (deepseek) {
         const bool v3 = type == "deepseek_v3" || type == "kimi_k2";
