@@ -166,7 +166,7 @@ def vllm_quant_rows(gpumem):
     for r in fx["rows"]:
         rid = r["id"]
         if rid not in QUANT or not r.get("model_loading_gib"):
-            skipped.append((rid, "quantized: no preset for the checkpoint's config.json (or gpt-oss, not modelled)"))
+            skipped.append((rid, "quantized checkpoint whose config.json is not a preset here"))
             continue
         preset, flags = QUANT[rid]
         args = ["serving", preset, *flags, "--max-model-len", "4096"]
@@ -223,7 +223,7 @@ def sglang_rows(gpumem):
     for r in fx["logs"]:
         rid = r["id"]
         if r.get("quantization"):
-            skipped.append((rid, "quantized checkpoint: quantization_config not modelled yet"))
+            skipped.append((rid, "quantized checkpoint whose config.json is not a preset here"))
             continue
         gf = gpu_flags(r["gpu"] or "", r.get("gpu_memory_gib"))
         shared = any(w in (r["gpu"] or "").lower() for w in ("unknown", "wsl", "windows", "class", "likely"))
@@ -272,7 +272,7 @@ def llamacpp_rows(gpumem):
     for r in fx["logs"]:
         rid = r["id"]
         if rid not in LLAMACPP:
-            skipped.append((rid, "no preset for the model, or sliding-window layers (not modelled)"))
+            skipped.append((rid, "no built-in preset for the model"))
             continue
         preset, era = LLAMACPP[rid]
         args = ["serving", preset, "--engine", "llama.cpp", "--engine-version", era, "--quant", r["ftype"], "--gpu", "RTX-4090",
