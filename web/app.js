@@ -64,9 +64,13 @@
   // A field is on the page when the service reads it from a form: not a file
   // (path), not an inline object (config.json has its own picker), not an
   // output of the command line (cli_only; format: the service answers JSON).
+  // Two commands may give one name different rows (`quant`: a job's weight
+  // quantization, serving's GGUF type); the page has one control per name,
+  // the first row's.
   function onPage(f) {
     return f.type !== "path" && f.type !== "object" && !f.cli_only && f.name !== "format" &&
-      (f.commands || []).some((c) => FORM_COMMANDS.includes(c));
+      (f.commands || []).some((c) => FORM_COMMANDS.includes(c)) &&
+      (!TABLE || TABLE.fields.find((g) => g.name === f.name) === f);
   }
   const applies = (f, cmd, mode) => (f.commands || []).includes(cmd) && (!f.modes || f.modes.includes(mode));
   const command = () => $("#command").value;
@@ -366,6 +370,15 @@
   }
 
   function renderFit(d) {
+    if (d.engine) {  // fit with a serving engine: what fits that engine
+      const l = d.llamacpp;
+      return [h("p", {}, `${d.model} served by ${d.engine} ${d.engine_version} on ${d.gpu}`), h("dl", { class: "kv", id: "fit-engine" },
+        h("dt", {}, "longest request"), h("dd", { "data-fit-len": d.fit_max_model_len }, num(d.fit_max_model_len)),
+        h("dt", {}, `requests of ${num(d.request_len)} tokens at once`), h("dd", {}, d.concurrency_at_request_len.toFixed(2)),
+        h("dt", {}, "KV-cache tokens"), h("dd", {}, num(d.kv_cache_tokens)),
+        l ? h("dt", {}, "most layers on the GPU") : null, l ? h("dd", {}, `${l.fit_gpu_layers} of ${l.n_layer + 1}`) : null),
+        d.error ? h("p", { class: "note" }, d.error) : null];
+    }
     const axis = (a, what) => a ? h("div", { class: "axis", "data-axis": a.axis },
       h("h3", {}, what), h("dl", { class: "kv" }, h("dt", {}, `largest ${a.axis}`), h("dd", { "data-largest": a.largest }, num(a.largest)),
         h("dt", {}, "memory there"), h("dd", {}, `${fmtBytes(a.total_device_at_largest)} of ${fmtBytes(a.capacity)}`),
