@@ -387,3 +387,27 @@ TEST(Serving, TrtllmKvFormula) {
     trt.command = {"trtllm-serve", "x", "--backend", "tensorrt"};
     EXPECT_FALSE(serving_memory(job, trt).ok());
 }
+
+// `docker run ... IMAGE args`: the engine by the image and its rules by the tag
+// (vLLM before 0.8 ran V0 by default; TGI 3.3.x).
+TEST(Serving, DockerCommandLines) {
+    EstimateRequest job;
+    job.gpu = "RTX-3090";
+    ServingOptions o;
+    o.command = {"docker", "run", "--rm", "--gpus", "all", "-p", "8000:8000", "--ipc=host", "vllm/vllm-openai:v0.7.3",
+                 "--model", "Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192"};
+    const auto v0 = serving_memory(job, o);
+    ASSERT_TRUE(v0.ok()) << v0.error().message;
+    EXPECT_EQ(v0.value().engine_version, "0.7 (V0)");
+    EXPECT_EQ(v0.value().max_model_len, 8192);
+    ServingOptions t;
+    t.command = {"docker", "run", "--gpus", "all", "--shm-size", "1g", "ghcr.io/huggingface/text-generation-inference:3.3.4", "--model-id",
+                 "meta-llama/Llama-3.1-8B-Instruct"};
+    const auto tgi = serving_memory(job, t);
+    ASSERT_TRUE(tgi.ok()) << tgi.error().message;
+    EXPECT_EQ(tgi.value().engine, "tgi");
+    EXPECT_EQ(tgi.value().engine_version, "3.3");
+    ServingOptions bad;
+    bad.command = {"docker", "run", "example/unknown:1"};
+    EXPECT_FALSE(serving_memory(job, bad).ok());
+}

@@ -234,7 +234,7 @@ std::vector<Field> build_table() {
         row("no-kv-offload", FT::Bool, "serving", kServe | bit(Command::Fit), AT(serving.no_kv_offload), "llama.cpp -nkvo: the KV cache stays in host RAM"),
         row("swa-full", FT::Bool, "serving", kServe | bit(Command::Fit), AT(serving.swa_full), "llama.cpp --swa-full: sliding-window layers cache the whole context"),
         row("kv-unified", FT::Bool, "serving", kServe | bit(Command::Fit), AT(serving.kv_unified), "llama.cpp -kvu: one KV stream shared by all slots").computed("llama-server: on when -np is not given"),
-        row("command", FT::StringList, "serving", kServe | bit(Command::Fit), AT(serving.command), "the engine's own command line, after -- on the CLI (e.g. -- vllm serve MODEL --max-model-len 32768)"),
+        row("command", FT::StringList, "serving", kServe | bit(Command::Fit), AT(serving.command), "the engine's own command line, after -- on the CLI (e.g. -- vllm serve MODEL --max-model-len 32768; llama-server, text-generation-launcher, trtllm-serve, python -m sglang.launch_server, or docker run with the engine's image)"),
         // ---- layout
         row("gpus", FT::Int, "layout", kJob, AT(job.parallel.gpus), "GPUs in the job (data parallel = gpus / (tp x pp x cp))").min(1),
         row("nodes", FT::Int, "layout", kJob | bit(Command::CompatDeepSpeed), AT(job.parallel.nodes), "nodes").min(1).computed("gpus / GPUs per node"),

@@ -256,10 +256,67 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
     }
 }
 
+// `docker run [docker options] IMAGE [args]`: the engine by the image (vLLM's
+// vllm/vllm-openai runs `vllm serve` with the args, TGI's launcher likewise,
+// llama.cpp's server image llama-server; SGLang's and TensorRT-LLM's images
+// take the whole command), its version by the tag unless --engine-version is given.
+std::vector<std::string> docker_engine_argv(const std::vector<std::string>& argv, ServingOptions& o) {
+    static const std::vector<std::string> kWithValue = {"-p", "--publish", "-v", "--volume", "-e", "--env", "--gpus", "--name", "--shm-size", "--ipc",
+                                                        "--network", "--net", "--runtime", "-w", "--workdir", "--mount", "--env-file", "-u", "--user",
+                                                        "--ulimit", "--cpus", "--memory", "-m", "--device", "--platform", "--entrypoint", "--hostname", "--label"};
+    std::size_t i = 2;
+    for (; i < argv.size(); ++i) {
+        const std::string& a = argv[i];
+        if (a.empty() || a[0] != '-') break;
+        if (a.find('=') == std::string::npos && std::find(kWithValue.begin(), kWithValue.end(), a) != kWithValue.end()) ++i;
+    }
+    check(i < argv.size(), "command", "docker run: no image in the command line");
+    const std::string image = argv[i];
+    const std::vector<std::string> rest(argv.begin() + static_cast<std::ptrdiff_t>(i) + 1, argv.end());
+    const auto colon = image.rfind(':');
+    std::string tag = colon == std::string::npos || image.find('/', colon) != std::string::npos ? "" : image.substr(colon + 1);
+    if (!tag.empty() && tag[0] == 'v') tag = tag.substr(1);
+    const auto minor = [&](int want_major) {  // "0.7.3" -> 7 when the major is want_major, else -1
+        int major = -1, mi = -1;
+        if (std::sscanf(tag.c_str(), "%d.%d", &major, &mi) == 2 && major == want_major) return mi;
+        return -1;
+    };
+    std::vector<std::string> out;
+    if (image.find("vllm-openai") != std::string::npos) {
+        // vLLM before 0.8 ran the V0 engine by default.
+        const int mi = minor(0);
+        if (!o.engine_version && mi >= 6 && mi < 8) o.engine_version = tag.substr(0, tag.find('.', tag.find('.') + 1));
+        if (!o.engine_version && mi >= 0 && mi < 6)
+            fail(ErrorCode::InvalidArgument, "engine-version", "vLLM " + tag + " (the image's tag) is older than the versions gpumem models (0.6.4 and later)");
+        out = {"vllm", "serve"};
+    } else if (image.find("text-generation-inference") != std::string::npos) {
+        int major = -1, mi = -1;
+        if (!o.engine_version && std::sscanf(tag.c_str(), "%d.%d", &major, &mi) == 2)
+            o.engine_version = major >= 3 ? (mi >= 3 ? "3.3" : mi >= 1 ? "3.1" : "3.0") : "2.2";
+        out = {"text-generation-launcher"};
+    } else if (image.find("llama.cpp") != std::string::npos) {
+        out = {"llama-server"};
+    } else if (image.find("sglang") != std::string::npos || image.find("tensorrt") != std::string::npos || image.find("trtllm") != std::string::npos) {
+        if (!o.engine_version && image.find("sglang") != std::string::npos && minor(0) == 4) o.engine_version = "0.4.6";
+        return rest;  // the image takes the engine's whole command
+    } else {
+        fail(ErrorCode::InvalidArgument, "command",
+             "docker image " + image + " is not one gpumem serving knows (vllm/vllm-openai, lmsysorg/sglang, ghcr.io/huggingface/text-generation-inference, "
+             "nvcr.io/nvidia/tensorrt-llm, ghcr.io/ggml-org/llama.cpp:server)");
+    }
+    out.insert(out.end(), rest.begin(), rest.end());
+    return out;
+}
+
 }  // namespace
 
 void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& o, EstimateRequest& job) {
     if (argv.empty()) return;
+    if (argv.size() >= 2 && (argv[0] == "docker" || argv[0] == "podman") && argv[1] == "run") {
+        const auto inner = docker_engine_argv(argv, o);
+        check(!inner.empty() && !(inner.size() == 1 && inner[0] == "docker"), "command", "docker run: no engine command after the image");
+        return apply_engine_command(inner, o, job);
+    }
     // `vllm serve MODEL ...` or `python -m vllm.entrypoints.openai.api_server --model MODEL ...`
     std::size_t i = 0;
     if (argv.size() >= 3 && is_python(argv[0]) && argv[1] == "-m" && argv[2].rfind("sglang.launch_server", 0) == 0)
@@ -282,7 +339,7 @@ void apply_engine_command(const std::vector<std::string>& argv, ServingOptions& 
     } else {
         fail(ErrorCode::InvalidArgument, "command",
              "the engine command line must start with `vllm serve`, `python -m vllm.entrypoints.openai.api_server`, "
-             "`python -m sglang.launch_server`, `sglang serve`, `text-generation-launcher`, `trtllm-serve`, `llama-server` or `llama-cli` (got \"" + argv[0] + "\")");
+             "`python -m sglang.launch_server`, `sglang serve`, `text-generation-launcher`, `trtllm-serve`, `llama-server`, `llama-cli` or `docker run IMAGE ...` (got \"" + argv[0] + "\")");
     }
     apply_vllm_command(argv, i, o, job);
 }
