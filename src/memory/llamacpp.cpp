@@ -629,7 +629,7 @@ Buffers buffers(const LlamaModel& m, const Setting& s, const Era& e) {
         const std::size_t l = static_cast<std::size_t>(il);
         const Bytes row = Bytes(checked_add(ggml_row_bytes(*s.type_k, m.n_embd_k_gqa[l]), ggml_row_bytes(*s.type_v, m.n_embd_v_gqa[l])));
         const bool swa = l < m.swa_layers.size() && m.swa_layers[l];
-        const Bytes layer_kv = Bytes(checked_mul(swa ? std::min(swa_cells, s.n_ctx) : s.n_ctx, row.count()));
+        const Bytes layer_kv = Bytes(checked_mul(swa ? swa_cells : s.n_ctx, row.count()));
         const int dev = s.kv_offload ? device_of(il, m, s, e) : -1;
         if (dev >= 0) b.gpu[static_cast<std::size_t>(dev)].kv += layer_kv;
         else b.host_kv += layer_kv;

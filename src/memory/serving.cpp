@@ -416,7 +416,7 @@ Served served_basics(const ModelGraph& g, const EstimateRequest& job, Engine eng
 // What the engine loads beyond the parameters: the RoPE cache (vLLM, SGLang)
 // and the checkpoint's quantization_config (or --quant fp8, vLLM's and
 // SGLang's online FP8) applied to each stage's weights (memory/weight_quant.hpp).
-void apply_weight_quant(const ModelGraph& g, const ServingOptions& o, const Served& sv, ParallelResult& par, ServingResult& out, bool rope = true) {
+void adjust_served_weights(const ModelGraph& g, const ServingOptions& o, const Served& sv, ParallelResult& par, ServingResult& out, bool rope = true) {
     std::optional<WeightQuant> q = g.weight_quant;
     if (o.quant) {
         check(*o.quant == "fp8", "quant", "--quant " + *o.quant + ": vLLM, SGLang and TGI quantize online only to fp8 here (--quant fp8); "
@@ -424,20 +424,12 @@ void apply_weight_quant(const ModelGraph& g, const ServingOptions& o, const Serv
         check(!q, "quant", "--quant fp8: the checkpoint is already quantized (" + (q ? q->method : std::string()) + ")");
         q = online_fp8();
     }
-    // vLLM's RoPE cos/sin cache, one per rank in the model dtype (rotary
-    // [max_position_embeddings, head_dim]; rotary_embedding/base.py), is part of
+    // vLLM's RoPE cos/sin caches, one per rank and RoPE config, [max_positions,
+    // rotary_dim] in the model dtype (rotary_embedding/base.py), are part of
     // what "Model loading took" counts (docs/research/quant.md section 1).
-    static const std::vector<std::string> kFullRotary = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "granite"};
-    if (rope && g.max_positions > 0 && std::find(kFullRotary.begin(), kFullRotary.end(), g.family) != kFullRotary.end()) {
-        const Bytes cache = dtype_bytes(sv.model_dt, checked_mul(g.max_positions, g.transformer->head_dim));
-        for (auto& st : par.stages) st.weights = st.weights + cache;
-    }
-    if (rope && g.family == "gemma3_text" && g.max_positions > 0) {  // two RoPE configs (local and global bases): two caches
-        const Bytes cache = dtype_bytes(sv.model_dt, checked_mul(2 * g.max_positions, g.transformer->head_dim));
-        for (auto& st : par.stages) st.weights = st.weights + cache;
-    }
-    if (rope && g.family == "gpt_oss" && g.max_positions > 0) {  // gpt_oss.py L82-L85: the cache in fp32
-        const Bytes cache = dtype_bytes(DType::F32, checked_mul(g.max_positions, g.transformer->head_dim));
+    if (rope && g.max_positions > 0 && g.transformer->rotary_dim > 0) {
+        const Bytes cache = dtype_bytes(g.transformer->rope_fp32 ? DType::F32 : sv.model_dt,
+                                        checked_mul(checked_mul(g.transformer->rope_configs, g.max_positions), g.transformer->rotary_dim));
         for (auto& st : par.stages) st.weights = st.weights + cache;
     }
     if (!q) return;
@@ -525,7 +517,7 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
 
     Bytes nccl_comm;
     ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
-    apply_weight_quant(g, o, sv, par, out);
+    adjust_served_weights(g, o, sv, par, out);
     const Bytes nccl = tp_buffers(sv.gpu, tp, pp, nccl_comm);
     const Bytes context = job.cuda_context.value_or(sv.gpu.cuda_context);
     // Free memory before the weights load: what the context and the
@@ -658,7 +650,7 @@ ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const 
     check(P >= 1, "max-num-batched-tokens", "--max-batch-prefill-tokens must be positive");
     Bytes nccl_comm;
     ParallelResult par = served_layout(g, job, sv.prec, shards, 1, mpe, &nccl_comm);
-    apply_weight_quant(g, o, sv, par, out, false);
+    adjust_served_weights(g, o, sv, par, out, false);
     const Bytes nccl = shards > 1 ? nccl_comm : Bytes(0);
     const Bytes context = job.cuda_context.value_or(sv.gpu.cuda_context);
     const Bytes workspace = flashinfer ? MiB(128) : Bytes(0);  // layers/attention/flashinfer.py L38-43
@@ -757,7 +749,7 @@ ServingResult trtllm_memory(const ModelGraph& g, const EstimateRequest& job, con
           "max_seq_len, max_batch_size, max_num_tokens and tokens_per_block must be positive");
     Bytes nccl_comm;
     ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
-    apply_weight_quant(g, o, sv, par, out, false);
+    adjust_served_weights(g, o, sv, par, out, false);
     const Bytes nccl = tp_buffers(sv.gpu, tp, pp, nccl_comm);
     const Bytes context = job.cuda_context.value_or(sv.gpu.cuda_context);
     const Bytes act = trtllm_activation(d, std::min(out.max_num_batched_tokens, out.max_model_len), tp);
@@ -887,7 +879,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
 
         Bytes nccl_comm;
         ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
-        apply_weight_quant(g, o, sv, par, out);
+        adjust_served_weights(g, o, sv, par, out);
         const Bytes nccl = tp_buffers(gpu, tp, pp, nccl_comm);
         const bool nvswitch_gen = gpu.arch == "hopper" || gpu.arch == "blackwell";
         if (tp > 1)

@@ -845,6 +845,10 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
     d.encoder_decoder = s.model_type == "t5";
     d.sliding_window = s.sliding_window;
     d.sliding_layers = s.sliding_layers;
+    if (s.pos == S::Pos::Rotary && !s.mla)
+        d.rotary_dim = std::min(s.head_dim, static_cast<std::int64_t>(static_cast<double>(s.head_dim) * s.rotary_pct));
+    d.rope_configs = s.model_type == "gemma3_text" ? 2 : 1;  // Gemma3TextModel: rotary_emb and rotary_emb_local
+    d.rope_fp32 = s.model_type == "gpt_oss";                  // vLLM gpt_oss.py L82-L85: dtype=torch.float32
     if (s.mla) {
         d.latent_kv = true;
         d.kv_elements_per_token = checked_mul(s.layers, s.kv_lora_rank + s.qk_rope_head_dim);

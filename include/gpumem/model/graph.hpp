@@ -197,6 +197,13 @@ struct TransformerDims {
     // page those layers' KV by the window (memory/paged_kv.hpp).
     std::int64_t sliding_window = 0;
     std::vector<bool> sliding_layers;
+    // Rotary position embedding: the rotated dimensions per head (0: none or
+    // not modelled, e.g. MLA's scaled rope), how many distinct RoPE configs
+    // (Gemma 3: local and global bases) and whether kept in fp32 (gpt-oss);
+    // engines precompute a cos/sin cache of [max_positions, rotary_dim] each.
+    std::int64_t rotary_dim = 0;
+    std::int64_t rope_configs = 1;
+    bool rope_fp32 = false;
     bool encoder_decoder = false;
 };
 
