@@ -58,9 +58,15 @@ double pct(double d) { return std::round(d * 1000.0) / 10.0; }
 double rel(Bytes a, Bytes b) { return (static_cast<double>(a.count()) - static_cast<double>(b.count())) / static_cast<double>(std::max<std::int64_t>(1, b.count())); }
 
 // Analytic and simulated peak_allocated within 5% on every job of a grid.
+void check_jobs(GridKind kind, const std::vector<GridJob>& jobs);
+
 void check_agreement(GridKind kind, int count, std::uint64_t seed) {
     const auto jobs = job_grid(kind, count, seed);
     ASSERT_GE(static_cast<int>(jobs.size()), count * 9 / 10) << "too few valid jobs drawn for " << kind_name(kind);
+    check_jobs(kind, jobs);
+}
+
+void check_jobs(GridKind kind, const std::vector<GridJob>& jobs) {
     int failures = 0;
     double worst = 0;
     for (const auto& j : jobs) {
@@ -104,6 +110,32 @@ TEST(GridAgreement, Pipeline) { check_agreement(GridKind::Pipeline, 400, 5); }
 TEST(GridAgreement, ContextParallel) { check_agreement(GridKind::Context, 150, 6); }
 TEST(GridAgreement, ExpertParallel) { check_agreement(GridKind::Expert, 150, 7); }
 TEST(GridAgreement, Inference) { check_agreement(GridKind::Inference, 300, 8); }
+
+// A model whose layers differ (Qwen3-Next: gated-DeltaNet and gated-attention
+// layers alternate, so its graph is a run of blocks, not one repeated block):
+// training on one GPU without full or op-level recompute, and generation on
+// one GPU. Recompute across runs of different layers and the multi-GPU
+// layouts of such a model do not agree yet (up to 30% apart; tracked in the
+// issue notes), so they are not drawn here.
+TEST(GridAgreement, LayersThatDiffer) {
+    const std::string tiny = test::source_path("tests/fixtures/configs/tiny-qwen3-next.json");
+    for (const GridKind kind : {GridKind::Single, GridKind::Inference}) {
+        Rng rng(kind == GridKind::Single ? 21 : 22);
+        std::vector<GridJob> jobs;
+        for (int tries = 0; jobs.size() < 150 && tries < 3000; ++tries) {
+            GridJob j = draw_job(rng, kind);
+            j.req.model = tiny;
+            if (j.req.recompute == Recompute::Full || j.req.recompute == Recompute::Ops) j.req.recompute = Recompute::Selective;
+            j.req.recompute_every.reset();
+            j.req.recompute_method.reset();
+            j.req.recompute_num_layers.reset();
+            j.req.parallel = {};
+            if (grid_valid(j.req)) jobs.push_back(std::move(j));
+        }
+        ASSERT_GE(jobs.size(), 140u) << kind_name(kind);
+        check_jobs(kind, jobs);
+    }
+}
 
 namespace {
 

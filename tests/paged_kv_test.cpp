@@ -207,3 +207,61 @@ TEST(Presets, Gemma3CountByFormula) {
     const ModelGraph g = load_model("gemma-3-4b-it").value();
     EXPECT_EQ(std::count(g.transformer->sliding_layers.begin(), g.transformer->sliding_layers.end(), true), 29);  // 5 of 6 slide
 }
+
+// Qwen3-Next-80B-A3B (Qwen3NextForCausalLM, modeling_qwen3_next.py): 36
+// gated-DeltaNet layers (in_proj_qkvz H x (2*16*128 + 2*32*128), in_proj_ba
+// H x 2*32, a depthwise conv1d of 8192 x 4, A_log and dt_bias of 32, a gated
+// norm of 128, out_proj 4096 x H) and 12 gated-attention layers (q_proj H x
+// 2*16*256 for the query and its gate, k/v H x 2*256, o 4096 x H, q/k norms of
+// 256); every layer a MoE of 512 experts of 3 x H x 512, a router H x 512, a
+// shared expert 3 x H x 512 and its gate H x 1, two norms; untied 151,936 x
+// H embeddings and a final norm. 79,674,391,296 is also what a public
+// tensor listing of the same architecture without MTP weights totals
+// (159,348,782,592 bf16 bytes); the model card says 80B.
+TEST(Presets, Qwen3NextCountByFormula) {
+    const std::int64_t H = 2048, V = 151936, E = 512, I = 512;
+    const std::int64_t gdn = H * (2 * 16 * 128 + 2 * 32 * 128) + H * 64 + 8192 * 4 + 32 + 32 + 128 + 4096 * H;
+    const std::int64_t attn = H * 2 * 16 * 256 + 2 * H * 2 * 256 + 16 * 256 * H + 2 * 256;
+    const std::int64_t moe = H * E + E * 3 * H * I + 3 * H * I + H;
+    const std::int64_t expect = 2 * V * H + 36 * gdn + 12 * attn + 48 * (moe + 2 * H) + H;
+    EXPECT_EQ(expect, 79674391296);
+    const ModelGraph g = load_model("qwen3-next-80b-a3b-instruct").value();
+    EXPECT_EQ(g.total_params(), expect);
+    const TransformerDims& d = *g.transformer;
+    EXPECT_EQ(d.kv_layers(), 12);  // every 4th layer is full attention
+    EXPECT_EQ(d.kv_elements_per_token, 12 * 2 * 2 * 256);
+    // transformers' cache per linear layer and sequence: conv_states [8192, 4]
+    // in the model dtype, recurrent_states [32, 128, 128] in fp32.
+    EXPECT_EQ(d.hf_linear_state_bytes(1, 1, DType::BF16).count(), 8192 * 4 * 2 + 32 * 128 * 128 * 4);
+}
+
+// Qwen3-Next-80B-A3B on two H200s, vLLM 0.10.2, max_model_len 262,144 (the
+// log in tests/fixtures/groundtruth/vllm_hybrid_logs.json
+// qwen3next-h200-tp2-v0102): a GDN state per layer and request of 3 x 4096 x
+// 2 B (conv) + 16 x 128 x 128 x 2 B (ssm) = 548,864 B; one token's K/V in a
+// full layer 1 x 2 x 256 x 2 B = 1,024 B, so blocks of 16 x cdiv(548,864,
+// 16,384) = 544 tokens and pages of 557,056 B; 12 full + 36 GDN layers make 4
+// groups of 12. From "Available KV cache memory: 44.59 GiB" the log prints
+// 973,760 tokens (7,162 // 4 x 544) and "Maximum concurrency for 262,144
+// tokens per request: 14.77x" (7,162 / (cdiv(262,144, 544) + 3)).
+TEST(PagedKv, LinearAttentionStatePagesQwen3Next) {
+    const ModelGraph g = load_model("qwen3-next-80b-a3b-instruct").value();
+    PagedKvRequest r;
+    r.tp = 2;
+    r.max_model_len = 262144;
+    r.max_num_batched_tokens = 8192;
+    r.available = {Bytes(static_cast<std::int64_t>(44.59 * 1073741824.0))};
+    const auto res = paged_kv_cache(*g.transformer, r);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    EXPECT_EQ(res.value().state_page.count(), 3 * 4096 * 2 + 16 * 128 * 128 * 2);
+    EXPECT_EQ(res.value().block_size, 544);
+    EXPECT_EQ(res.value().stages[0].page.count(), 544 * 1024);
+    EXPECT_EQ(res.value().groups, 4);
+    EXPECT_EQ(res.value().group_size, 12);
+    EXPECT_EQ(res.value().num_blocks, 7162);
+    EXPECT_EQ(res.value().kv_cache_tokens, 973760);
+    EXPECT_NEAR(res.value().max_concurrency, 14.77, 0.005);
+    // Prefix caching ("align" mode) holds two state pages per request.
+    r.prefix_caching = true;
+    EXPECT_NEAR(paged_kv_cache(*g.transformer, r).value().max_concurrency, 7162.0 / (482 + 6), 1e-9);
+}

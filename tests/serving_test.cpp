@@ -411,3 +411,36 @@ TEST(Serving, DockerCommandLines) {
     bad.command = {"docker", "run", "example/unknown:1"};
     EXPECT_FALSE(serving_memory(job, bad).ok());
 }
+
+// Qwen3-Next through vLLM: its weights per rank against the TP2 log's "Model
+// loading took 74.2812 GiB" (tests/fixtures/groundtruth/vllm_hybrid_logs.json
+// qwen3next-h200-tp2-v0102; 79,674,391,296 parameters in bf16 split over two
+// ranks with the router, norms and shared-expert gate whole, plus the RoPE
+// cache of 262,144 x 64); the engines whose linear-attention state gpumem
+// does not model refuse the model instead of answering without it.
+TEST(Serving, LinearAttentionModels) {
+    EstimateRequest job;
+    job.model = "qwen3-next-80b-a3b-instruct";
+    job.gpu = "H200";
+    job.parallel.tp = 2;
+    ServingOptions o;
+    o.kv_cache_memory = Bytes(static_cast<std::int64_t>(44.59 * 1073741824.0));
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_NEAR(static_cast<double>(r.value().per_gpu.weights.count()) / 1073741824.0, 74.2812, 0.005);
+    EXPECT_EQ(r.value().kv_cache_tokens, 973760);
+    EXPECT_EQ(r.value().block_size, 544);
+    // Requests of 8192 tokens: 16 attention blocks and 3 state pages each.
+    o.request_len = 8192;
+    EXPECT_NEAR(serving_memory(job, o).value().concurrency_at_request_len, 7162.0 / 19.0, 1e-9);
+    for (const Engine e : {Engine::SGLang, Engine::TGI, Engine::TRTLLM}) {
+        ServingOptions x;
+        x.engine = e;
+        const auto bad = serving_memory(job, x);
+        ASSERT_FALSE(bad.ok());
+        EXPECT_NE(bad.error().message.find("linear-attention"), std::string::npos) << bad.error().message;
+    }
+    ServingOptions v0;
+    v0.engine_version = "0.8";
+    EXPECT_FALSE(serving_memory(job, v0).ok());
+}

@@ -603,6 +603,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
     bool rg = input_requires_grad;
     bool prev_saves_output = false;
     Bytes prev_output;  // output of the previous block counted
+    std::int64_t ck_first = 0;  // checkpointable instances before this block
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
         const Block& blk = g.blocks[bi];
         const std::int64_t repeat = instances ? (bi < instances->size() ? (*instances)[bi] : 0) : blk.repeat;
@@ -620,7 +621,9 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
 
         const bool ckpt = (ctx.recompute == Recompute::Full || ctx.recompute == Recompute::Ops) && blk.checkpointable;
         const std::int64_t group = ckpt ? recompute_group(ctx) : 1;   // Megatron uniform chunks
-        const std::int64_t n_ck = ckpt ? checkpointed_count(repeat, ctx) : 0;  // instances 0, N, 2N, ... / the first N / the chunks
+        const std::int64_t n_ck = ckpt ? checkpointed_count(repeat, ctx, ck_first) : 0;  // instances 0, N, 2N, ... / the first N / the chunks
+        const std::int64_t ck_at = ck_first;
+        if (ckpt) ck_first += repeat;
         const Bytes sac = ckpt && ctx.recompute == Recompute::Ops ? op_sac_saved(blk, ctx) : Bytes(0);
         // Offloaded inputs: one comes back from CPU memory for each recompute.
         const Bytes fetched = ckpt && ctx.activation_offload ? rest.input_bytes : Bytes(0);
@@ -632,7 +635,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             ba.recompute_transient = rest.saved + rest.largest + fetched;
             ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
-            ba.recompute_trailing = rest.saved * trailing_uncheckpointed(repeat, ctx);
+            ba.recompute_trailing = rest.saved * trailing_uncheckpointed(repeat, ctx, ck_at);
             ba.weight_casts = rest.weight_casts * (repeat - n_ck);
             res.autocast_weight_casts += ba.weight_casts;
             ba.unsaved_casts = (rest.weight_casts - rest.frozen_casts) * n_ck;
@@ -653,7 +656,11 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             const Bytes in_first = prev_output > Bytes(0) ? prev_output : first.input_bytes;
             const std::int64_t chunk = std::min(group, repeat);
             ba.per_instance = (more > 0 ? first.output_bytes : in_first) + sac;
-            ba.total = ctx.activation_offload ? sac * repeat : in_first + first.output_bytes * (n_ck - 1) + sac * repeat;
+            // Uniform chunks run on across blocks: an instance inside a chunk
+            // begun in an earlier block keeps nothing of its own.
+            const bool starts = checkpointed_instance(ck_at, ctx);
+            ba.total = ctx.activation_offload ? sac * repeat
+                                              : (starts ? in_first : Bytes(0)) + first.output_bytes * (n_ck - (starts ? 1 : 0)) + sac * repeat;
             res.saved += ba.total;
             ba.recompute_transient = rest.saved * chunk + rest.largest + fetched;
             ba.recompute_largest = rest.largest;

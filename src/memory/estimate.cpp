@@ -208,10 +208,18 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
                                          (dist && job.layout.cfg.tp > 1 ? ", this rank's key/value heads" : "")});
             out.breakdown.push_back({"transient", "activations in flight", m.transient, "prefill working set and last-token logits"});
             out.breakdown.push_back({"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights beyond their bytes"});
-            if (g.transformer)
-                out.assumptions.push_back("KV cache: " + std::to_string(g.transformer->kv_elements_per_token) + " elements per token (all layers), " +
+            if (g.transformer) {
+                const TransformerDims& td = *g.transformer;
+                const std::int64_t lin = td.layers - td.kv_layers();
+                out.assumptions.push_back("KV cache: " + std::to_string(td.kv_elements_per_token) + " elements per token (" +
+                                          (lin > 0 ? "the " + std::to_string(td.kv_layers()) + " attention layers" : std::string("all layers")) + "), " +
                                           std::string(dtype_name(ip.kv_dtype)) + ", prompt " + std::to_string(job.seq) + " + " +
                                           std::to_string(req.gen_len) + " generated");
+                if (lin > 0)
+                    out.assumptions.push_back("linear-attention state: " + std::to_string(lin) + " layers x " +
+                                              format_bytes(td.hf_linear_state_bytes(1, 1, ip.kv_dtype)) +
+                                              " per sequence (convolution state in the cache dtype, recurrent state in fp32), made by the prefill");
+            }
         }
         out.breakdown.push_back({"cublas_workspace", "cuBLAS workspaces", cublas,
                                  std::to_string(cublas_handles) + " x " + format_bytes(job.gpu.cublas_workspace)});

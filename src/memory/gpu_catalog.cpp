@@ -71,14 +71,18 @@ const std::vector<GpuSpec>& gpu_catalog() {
     //     H100 80GB HBM3 with 79.18GiB memory" (torchtitan components/metrics.py
     //     DeviceMemoryMonitor: total_memory) in a public run log (2026-01);
     //   RTX-4090 23.64 GiB: ali-vilab/VGen issue #104 (2024-04),
-    //     3DTopia/Phidias-Diffusion issue #8 (2025-08).
+    //     3DTopia/Phidias-Diffusion issue #8 (2025-08);
+    //   H200-141GB 139.80 GiB: vLLM's "total_gpu_memory=139.80GiB" on an H200
+    //     141GB (tests/fixtures/groundtruth/vllm_v0_logs.json
+    //     h200-tinyllama-rho-1b-v064) and "GPU 5 has a total capacity of
+    //     139.80 GiB" in a public 8xH200 fine-tuning report (2025).
     static const std::vector<GpuSpec> kCatalog = {
         gpu("A100-40GB", {"a100-40gb", "a10040gb", "a100-40", "a100 40gb"}, "NVIDIA", "ampere", 80, MiB(40448), 1555, 19.5, 156, 312, 312, 0, 624),
         // No bare "a100" / "v100" alias: the name alone does not say which
         // capacity (find_gpu answers that it is ambiguous).
         gpu("A100-80GB", {"a100-80gb", "a10080gb", "a100-80"}, "NVIDIA", "ampere", 80, MiB(81152), 2039, 19.5, 156, 312, 312, 0, 624),
         gpu("H100-80GB", {"h100", "h100-80gb", "h100-sxm", "h10080gb"}, "NVIDIA", "hopper", 90, MiB(81080), 3350, 67, 494.7, 989.4, 989.4, 1978.9, 1978.9),
-        gpu("H200-141GB", {"h200", "h200-141gb"}, "NVIDIA", "hopper", 90, Bytes(141 * kGB), 4800, 67, 494.7, 989.4, 989.4, 1978.9, 1978.9),
+        gpu("H200-141GB", {"h200", "h200-141gb"}, "NVIDIA", "hopper", 90, MiB(143155), 4800, 67, 494.7, 989.4, 989.4, 1978.9, 1978.9),
         gpu("B200-180GB", {"b200", "b200-180gb"}, "NVIDIA", "blackwell", 100, Bytes(180 * kGB), 8000, 75, 1100, 2250, 2250, 4500, 4500),
         // GB200 NVL72 (NVIDIA GB200 NVL72 datasheet): 72 Blackwell GPUs in one
         // NVLink domain, 13.4 TB HBM3e in all (186 GB per GPU), 8 TB/s per GPU,

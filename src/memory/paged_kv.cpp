@@ -21,8 +21,15 @@ std::vector<std::int64_t> vllm_pp_layers(std::int64_t layers, std::int64_t pp) {
 }
 
 Bytes kv_token_bytes_per_layer(const TransformerDims& d, std::int64_t tp, DType dt) {
-    if (d.latent_kv) return dtype_bytes(dt, d.kv_elements_per_token / std::max<std::int64_t>(1, d.layers));
+    if (d.latent_kv) return dtype_bytes(dt, d.kv_elements_per_token / std::max<std::int64_t>(1, d.kv_layers()));
     return dtype_bytes(dt, checked_mul(2 * std::max<std::int64_t>(1, d.kv_heads / std::max<std::int64_t>(1, tp)), d.head_dim));
+}
+
+Bytes vllm_linear_state_bytes(const TransformerDims& d, std::int64_t tp, DType state_dt, DType ssm_dt) {
+    tp = std::max<std::int64_t>(1, tp);
+    const std::int64_t conv = checked_mul(d.linear_conv_kernel - 1, (d.linear_conv_dim + tp - 1) / tp);
+    const std::int64_t ssm = checked_mul((d.linear_v_heads + tp - 1) / tp, checked_mul(d.linear_k_dim, d.linear_v_dim));
+    return dtype_bytes(state_dt, conv) + dtype_bytes(ssm_dt, ssm);
 }
 
 Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequest& r) {
@@ -36,40 +43,67 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
         check(r.available.size() == 1 || static_cast<std::int64_t>(r.available.size()) == r.pp, "available",
               "one KV budget, or one per pipeline stage");
         PagedKvResult out;
-        const std::int64_t L = r.max_model_len, bs = r.block_size;
+        const std::int64_t L = r.max_model_len;
+        std::int64_t bs = r.block_size;
         const std::int64_t kv_heads = d.latent_kv ? 1 : std::max<std::int64_t>(1, d.kv_heads / r.tp);
-        const Bytes page = kv_token_bytes_per_layer(d, r.tp, r.kv_dtype) * bs;
-        // Layers by attention type, then vLLM's groups (layers[i::k] of a type).
-        std::vector<std::int64_t> full, sliding;
+        const Bytes tok = kv_token_bytes_per_layer(d, r.tp, r.kv_dtype);
+        // Layers by type (full, sliding window, linear attention), then vLLM's
+        // groups (layers[i::k] of a type).
+        std::vector<std::int64_t> full, sliding, linear;
         for (std::int64_t l = 0; l < d.layers; ++l) {
-            const bool sw = d.sliding_window > 0 && static_cast<std::size_t>(l) < d.sliding_layers.size() && d.sliding_layers[static_cast<std::size_t>(l)];
-            (sw ? sliding : full).push_back(l);
+            const auto i = static_cast<std::size_t>(l);
+            const bool sw = d.sliding_window > 0 && i < d.sliding_layers.size() && d.sliding_layers[i];
+            const bool lin = i < d.linear_layers.size() && d.linear_layers[i];
+            (lin ? linear : sw ? sliding : full).push_back(l);
         }
-        std::int64_t gs = static_cast<std::int64_t>(std::max(full.size(), sliding.size()));
-        if (!full.empty() && !sliding.empty()) {
-            const auto lo = static_cast<std::int64_t>(std::min(full.size(), sliding.size()));
-            const auto hi = static_cast<std::int64_t>(std::max(full.size(), sliding.size()));
-            gs = 2 * hi < 3 * lo ? hi : lo;  // max < 1.5 x min: one group per type
+        check(!full.empty() || !sliding.empty(), "model", "the model has no attention layers with a KV cache to page");
+        if (!linear.empty()) {
+            // Hybrid attention + linear attention (HybridAttentionMambaModelConfig,
+            // models/config.py L103-264 @d28d86e8a): one state page per layer and
+            // request; the attention block grows to the first multiple of 16
+            // (MLA: 64) tokens whose page holds it, and the state page is padded
+            // to that attention page.
+            out.state_page = vllm_linear_state_bytes(d, r.tp, r.state_dtype, r.ssm_dtype);
+            const std::int64_t align = d.latent_kv ? 64 : 16;
+            const std::int64_t attn_bs = align * checked_ceil_div(out.state_page.count(), checked_mul(align, tok.count()));
+            bs = std::max(bs, attn_bs);
         }
+        const Bytes page = tok * bs;
+        out.block_size = bs;
+        std::int64_t gs = 0, lo = 0, hi = 0;
+        for (const auto* t : {&full, &sliding, &linear}) {
+            if (t->empty()) continue;
+            const auto n = static_cast<std::int64_t>(t->size());
+            lo = lo == 0 ? n : std::min(lo, n);
+            hi = std::max(hi, n);
+        }
+        gs = 2 * hi < 3 * lo ? hi : lo;  // max < 1.5 x min: one group per type
         struct Group {
             std::vector<std::int64_t> layers;
             std::int64_t per_request = 0;  // blocks one request of L tokens holds
         };
         std::vector<Group> groups;
         const std::int64_t mnbt = r.max_num_batched_tokens > 0 ? r.max_num_batched_tokens : L;
-        const auto add_type = [&](const std::vector<std::int64_t>& ls, bool sw) {
+        enum class Kind { Full, Sliding, Linear };
+        const auto add_type = [&](const std::vector<std::int64_t>& ls, Kind kind) {
             if (ls.empty()) return;
             const auto n = static_cast<std::int64_t>(ls.size());
             const std::int64_t k = (n + gs - 1) / gs;
             for (std::int64_t i = 0; i < k; ++i) {
                 Group g;
                 for (std::int64_t j = i; j < n; j += k) g.layers.push_back(ls[static_cast<std::size_t>(j)]);
-                g.per_request = sw ? (std::min(d.sliding_window - 1 + mnbt, L) + bs - 1) / bs + 1 : (L + bs - 1) / bs;
+                // Sliding: cdiv(min(W - 1 + max_num_batched_tokens, L), bs) + 1
+                // (kv_cache_interface.py L251-270); linear attention: one state
+                // page, two with prefix caching's "align" mode (L293-300).
+                g.per_request = kind == Kind::Sliding ? (std::min(d.sliding_window - 1 + mnbt, L) + bs - 1) / bs + 1
+                                : kind == Kind::Linear ? (r.prefix_caching ? 2 : 1)
+                                                       : (L + bs - 1) / bs;
                 groups.push_back(std::move(g));
             }
         };
-        add_type(full, false);
-        add_type(sliding, true);
+        add_type(full, Kind::Full);
+        add_type(sliding, Kind::Sliding);
+        add_type(linear, Kind::Linear);
         out.groups = static_cast<std::int64_t>(groups.size());
         out.group_size = gs;
         for (const Group& g : groups) out.blocks_per_request += g.per_request;
@@ -101,7 +135,9 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
             out.stages.push_back(st);
         }
         out.max_concurrency = static_cast<double>(out.num_blocks) / static_cast<double>(out.blocks_per_request);
-        out.kv_cache_tokens = checked_mul(out.num_blocks / out.groups, bs);
+        // With linear attention the state "block" is max_model_len tokens, so the
+        // smallest block size is min(bs, L) (kv_cache_utils.py L1297-1306).
+        out.kv_cache_tokens = checked_mul(out.num_blocks / out.groups, linear.empty() ? bs : std::min(bs, L));
         return out;
     });
 }

@@ -47,7 +47,8 @@ InferencePieces inference_pieces(const ModelGraph& g, const Job& job) {
     const DType lowered = job.lowered;
     if (g.transformer) {
         const TransformerDims& td = *g.transformer;
-        ip.kv_cache = dtype_bytes(ip.kv_dtype, checked_mul(checked_mul(td.kv_elements_per_token, req.batch), ip.total_len));
+        ip.kv_cache = dtype_bytes(ip.kv_dtype, checked_mul(checked_mul(td.kv_elements_per_token, req.batch), ip.total_len)) +
+                      td.hf_linear_state_bytes(req.batch, 1, ip.kv_dtype) * (td.layers - td.kv_layers());
         const std::int64_t bs = checked_mul(req.batch, job.seq);
         if (req.attention == Attention::Eager)
             // scores (lowered) + fp32 softmax + cast back, per layer, freed after it
@@ -782,9 +783,12 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             if (graph) {
                 std::int64_t per_layer_tok = 0;
                 if (td && td->kv_elements_per_token > 0) {
-                    per_layer_tok = td->kv_elements_per_token / std::max<std::int64_t>(1, td->layers);
+                    per_layer_tok = td->kv_elements_per_token / std::max<std::int64_t>(1, td->kv_layers());
                     if (!td->latent_kv && td->kv_heads > 0 && t > 1) per_layer_tok = per_layer_tok / td->kv_heads * ((td->kv_heads + t - 1) / t);
                 }
+                // A linear-attention layer's state (held from the prefill on, not grown).
+                const Bytes state = td ? td->hf_linear_state_bytes(job.req.batch, t, ip.kv_dtype) : Bytes(0);
+                std::int64_t linear_layers = 0;
                 auto half = [&](std::int64_t len) { return dtype_bytes(ip.kv_dtype, checked_mul(checked_mul(job.req.batch, len), per_layer_tok / 2)); };
                 auto dequant_of = [&](const Block& b) {
                     std::vector<Bytes> dq(b.ops.size());
@@ -813,13 +817,18 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                     ws_decode = max(ws_decode, no_grad_working_set(b, dc, &dq));
                     for (std::int64_t k = 0; k < n; ++k) {
                         peak = max(peak, kv + ws);
-                        if (b.checkpointable && per_layer_tok > 0) kv += half(prompt) * 2;
+                        if (b.checkpointable && b.linear_attention) {
+                            kv += state;
+                            ++linear_layers;
+                        } else if (b.checkpointable && per_layer_tok > 0) {
+                            kv += half(prompt) * 2;
+                        }
                     }
                 }
                 sm.kv_cache = kv;
                 if (gen > 0 && per_layer_tok > 0) {
                     const std::int64_t len = checked_add(prompt, gen);
-                    sm.kv_cache = half(len) * (2 * layers);
+                    sm.kv_cache = half(len) * (2 * (layers - linear_layers)) + state * linear_layers;
                     // The last step's final torch.cat: every cache one token longer,
                     // the last one's old copy still alive.
                     peak = max(peak, sm.kv_cache + max(half(len - 1), ws_decode));

@@ -201,11 +201,10 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
     engine_args::FlagReader f(argv, i, "vllm");
     // Flags that do not change memory are accepted and ignored.
     static const std::vector<std::string> kIgnored = {"--host", "--port", "--served-model-name", "--api-key", "--trust-remote-code",
-                                                      "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-log-requests",
+                                                      "--disable-log-requests",
                                                       "--disable-log-stats", "--uvicorn-log-level", "--seed", "--tokenizer", "--revision",
                                                       "--download-dir", "--load-format", "--generation-config", "--chat-template"};
-    static const std::vector<std::string> kBoolIgnored = {"--trust-remote-code", "--enable-prefix-caching", "--no-enable-prefix-caching",
-                                                          "--disable-log-requests", "--disable-log-stats"};
+    static const std::vector<std::string> kBoolIgnored = {"--trust-remote-code", "--disable-log-requests", "--disable-log-stats"};
     while (f.next()) {
         const std::string a = f.flag();
         if (a.rfind("--", 0) != 0 && a != "-tp" && a != "-pp" && a != "-q") {
@@ -234,6 +233,8 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
             o.kv_cache_memory = Bytes(engine_args::to_int("vllm", a, f.value()));
         } else if (a == "--enforce-eager") {
             o.enforce_eager = true;
+        } else if (a == "--enable-prefix-caching" || a == "--no-enable-prefix-caching") {
+            o.enable_prefix_caching = a == "--enable-prefix-caching";
         } else if (a == "--kv-cache-dtype") {
             const std::string v = f.value();
             if (v == "fp8" || v == "fp8_e4m3" || v == "fp8_e5m2") job.kv_dtype = DType::F8_E4M3;
@@ -251,7 +252,7 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
             fail(ErrorCode::InvalidArgument, "command",
                  "vllm " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--max-model-len, --tensor-parallel-size, "
                  "--pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --block-size, --kv-cache-dtype, "
-                 "--kv-cache-memory, --dtype, --enforce-eager)");
+                 "--kv-cache-memory, --dtype, --enforce-eager, --enable-prefix-caching)");
         }
     }
 }
@@ -440,6 +441,13 @@ void adjust_served_weights(const ModelGraph& g, const ServingOptions& o, const S
     out.assumptions.push_back(describe_weight_quant(*q, sv.gpu));
 }
 
+// Engines whose linear-attention state (Qwen3-Next) gpumem does not model
+// answer with an error rather than a KV pool that ignores it.
+void refuse_linear_attention(const TransformerDims& d, const std::string& what) {
+    check(d.linear_layers.empty(), "engine",
+          what + " for linear-attention layers (Qwen3-Next) is not modelled; gpumem serving answers for this model with --engine vllm");
+}
+
 // One layer's MLP working set for `tokens` tokens (an estimate of the
 // engines' activation and CUDA-graph peaks): the residual and normed hidden
 // states, the gate/up projection and its activation (SwiGLU/GeGLU families;
@@ -486,6 +494,7 @@ namespace {
 // and activations.
 ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
+    refuse_linear_attention(d, "SGLang's state pool (mamba_full_memory_ratio)");
     ServingResult out;
     const Served sv = served_basics(g, job, o.engine.value_or(Engine::VLLM), out);
     const std::string version = o.engine_version.value_or("0.5.6");
@@ -619,6 +628,7 @@ std::int64_t tgi_default_prefill(const TransformerDims& d, std::int64_t max_posi
 
 ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
+    refuse_linear_attention(d, "TGI");
     ServingResult out;
     const Served sv = served_basics(g, job, Engine::TGI, out);
     const std::string version = o.engine_version.value_or("3.3");
@@ -729,6 +739,7 @@ Bytes trtllm_activation(const TransformerDims& d, std::int64_t tokens, std::int6
 
 ServingResult trtllm_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
+    refuse_linear_attention(d, "TensorRT-LLM's mamba cache manager");
     ServingResult out;
     const Served sv = served_basics(g, job, Engine::TRTLLM, out);
     const std::string version = o.engine_version.value_or("1.2");
@@ -843,6 +854,8 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
               "vLLM " + ver + " is not modelled: gpumem serving knows vLLM 0.19 (V1, the default) and the V0 engine of 0.6.4 to 0.10 "
               "(--engine-version 0.6.4, 0.6.5, 0.6.6, 0.7, 0.8, 0.9, 0.10 or V0); before 0.6.4 the budget was measured differently");
         const bool v064 = ver == "0.6.4";
+        check(!v0 || d.linear_layers.empty(), "engine-version",
+              "vLLM's V0 engine does not serve linear-attention models (Qwen3-Next); use --engine-version 0.19 (V1)");
         out.engine_version = v0 ? ver + " (V0)" : "0.19 (V1)";
         check(!o.mem_fraction_static, "mem-fraction-static", "--mem-fraction-static is SGLang's; vLLM's is --gpu-memory-utilization");
         check(!o.cuda_memory_fraction, "cuda-memory-fraction", "--cuda-memory-fraction is TGI's; vLLM's is --gpu-memory-utilization");
@@ -920,6 +933,8 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         kr.max_model_len = out.max_model_len;
         kr.kv_dtype = sv.kv_dt;
         kr.max_num_batched_tokens = out.max_num_batched_tokens;
+        kr.state_dtype = kr.ssm_dtype = model_dt;  // mamba_cache_dtype / mamba_ssm_cache_dtype "auto"
+        kr.prefix_caching = o.enable_prefix_caching;
         std::vector<ServingPerGpu> ranks;
         for (std::size_t s = 0; s < par.stages.size(); ++s) {
             ServingPerGpu r;
@@ -955,15 +970,28 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         TransformerDims dk = d;
         if (v0) dk.sliding_window = 0;  // V0 pages every layer in full (no hybrid grouping)
         const PagedKvResult kv = take(paged_kv_cache(dk, kr));
+        if (kv.block_size != out.block_size) {
+            out.assumptions.push_back("linear-attention layers: one state of " + std::to_string(kv.state_page.count()) + " B per layer and request (" +
+                                      (o.enable_prefix_caching ? "two with prefix caching" : "prefix caching off, vLLM's default for such models") +
+                                      "); attention blocks raised to " + std::to_string(kv.block_size) + " tokens so that one page holds it (vLLM's log: "
+                                      "\"Setting attention block size to " + std::to_string(kv.block_size) + " tokens\")");
+            out.block_size = kv.block_size;
+        }
         out.kv_cache_blocks = kv.num_blocks;
         out.kv_cache_tokens = kv.kv_cache_tokens;
         out.fit_max_model_len = g.max_positions > 0 ? std::min(kv.kv_cache_tokens, g.max_positions) : kv.kv_cache_tokens;
         out.max_concurrency = v0 ? static_cast<double>(kv.kv_cache_tokens) / static_cast<double>(out.max_model_len) : kv.max_concurrency;  // V0: blocks x 16 / L
         engine_args::set_request_len(out, o, "the engine's maximum request length", "the engine rejects such requests; raise --max-model-len or shorten --request-len");
         // Requests of another length: the count vLLM logs for max_model_len
-        // (blocks / cdiv(len, block_size)), at request_len.
-        out.concurrency_at_request_len =
-            static_cast<double>(kv.num_blocks) / static_cast<double>((out.request_len + out.block_size - 1) / out.block_size);
+        // (blocks / the blocks one request holds in every group), at request_len.
+        if (out.request_len == out.max_model_len || v0) {
+            out.concurrency_at_request_len = v0 ? static_cast<double>(kv.num_blocks) / static_cast<double>((out.request_len + out.block_size - 1) / out.block_size)
+                                                : kv.max_concurrency;
+        } else {
+            PagedKvRequest at = kr;
+            at.max_model_len = out.request_len;
+            out.concurrency_at_request_len = take(paged_kv_cache(dk, at)).max_concurrency;
+        }
         // The most constrained rank (fewest blocks) is the answer.
         std::size_t worst = 0;
         for (std::size_t s = 0; s < kv.stages.size(); ++s)

@@ -25,6 +25,7 @@ const std::vector<std::string>& supported_model_types() {
         "bert",  "deepseek_v2", "deepseek_v3", "falcon", "gemma", "gemma2",  "gpt2", "gpt_bigcode", "gpt_neox", "llama",
         "mistral", "mixtral",   "opt",         "phi",    "phi3",  "qwen2",   "qwen2_moe", "roberta",  "t5",
         "qwen3",   "qwen3_moe", "granite",     "kimi_k2", "gpt_oss", "gemma3", "gemma3_text",
+        "qwen3_next",
     };
     return types;
 }
@@ -300,6 +301,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     else if (type == "qwen3_moe") d = {151936, 2048, 6144, 24, 32, 4, 32768, 1e-6, false, "silu"};
     else if (type == "granite") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
     else if (type == "gpt_oss") d = {201088, 2880, 2880, 36, 64, 8, 131072, 1e-5, false, "silu"};  // GptOssConfig
+    else if (type == "qwen3_next") d = {151936, 2048, 5632, 48, 16, 2, 32768, 1e-6, false, "silu"};  // Qwen3NextConfig
     else /* deepseek_v3 */ d = {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, false, "silu"};
 
     s.vocab = r.integer({"vocab_size"}, d.vocab);
@@ -331,7 +333,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         if (type == "gemma" && !hd) {
             hd = 256;
             r.note_default("head_dim", "256");
-        } else if ((type == "gemma2" || type == "gemma3_text") && !hd) {
+        } else if ((type == "gemma2" || type == "gemma3_text" || type == "qwen3_next") && !hd) {
             hd = 256;
             r.note_default("head_dim", "256");
         }
@@ -340,13 +342,14 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     }
 
     // Biases: each family hard-codes or configures them differently.
-    if (type == "llama" || type == "gemma" || type == "gemma2" || type == "gemma3_text" || type == "qwen3" || type == "qwen3_moe" || type == "granite") {
+    if (type == "llama" || type == "gemma" || type == "gemma2" || type == "gemma3_text" || type == "qwen3" || type == "qwen3_moe" || type == "granite" ||
+        type == "qwen3_next") {
         const bool ab = r.boolean({"attention_bias"}, false);
         s.qkv_bias = ab;
         s.o_bias = ab;
     }
     if (type == "llama" || type == "granite") s.mlp_bias = r.boolean({"mlp_bias"}, false);
-    if (type == "qwen3" || type == "qwen3_moe") s.qk_norm = true;  // Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
+    if (type == "qwen3" || type == "qwen3_moe" || type == "qwen3_next") s.qk_norm = true;  // Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim)
     if (type == "gpt_oss") {  // modeling_gpt_oss.py: biased attention and router, fused biased experts, attention sinks
         const bool ab = r.boolean({"attention_bias"}, true);
         s.qkv_bias = ab;
@@ -359,6 +362,43 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.fused_expert_gate_up = true;
         s.attention_sinks = true;
         s.sparse_layers.assign(static_cast<std::size_t>(s.layers), s.experts > 0);
+    }
+    if (type == "qwen3_next") {
+        // modeling_qwen3_next.py: zero-centred RMSNorm (x * (1 + w)), gated
+        // attention (q_proj emits the query and a sigmoid gate), partial RoPE,
+        // gated DeltaNet on the layers layer_types marks "linear_attention"
+        // (Qwen3NextConfig: every full_attention_interval-th layer is full),
+        // and a sparse MoE with a gated shared expert (Qwen2-MoE style).
+        s.gemma_norm = true;
+        s.attn_output_gate = true;
+        s.rotary_pct = r.number({"partial_rotary_factor"}, 0.25);
+        s.linear_k_heads = r.integer({"linear_num_key_heads"}, 16);
+        s.linear_v_heads = r.integer({"linear_num_value_heads"}, 32);
+        s.linear_k_dim = r.integer({"linear_key_head_dim"}, 128);
+        s.linear_v_dim = r.integer({"linear_value_head_dim"}, 128);
+        s.linear_conv_kernel = r.integer({"linear_conv_kernel_dim"}, 4);
+        if (s.linear_v_heads % s.linear_k_heads != 0)
+            r.bad("linear_num_value_heads", "must be a multiple of linear_num_key_heads (" + std::to_string(s.linear_k_heads) + ")");
+        if (r.present_non_null({"layer_types"})) {
+            const auto types = r.string_list("layer_types");
+            if (static_cast<std::int64_t>(types.size()) != s.layers) r.bad("layer_types", "must list one type per layer (" + std::to_string(s.layers) + ")");
+            for (const auto& t : types) {
+                if (t != "linear_attention" && t != "full_attention") r.bad("layer_types", "each entry is \"linear_attention\" or \"full_attention\" (got \"" + t + "\")");
+                s.linear_attn_layers.push_back(t == "linear_attention");
+            }
+        } else {
+            const std::int64_t every = r.integer({"full_attention_interval"}, 4, 1);
+            for (std::int64_t i = 0; i < s.layers; ++i) s.linear_attn_layers.push_back((i + 1) % every != 0);
+        }
+        s.experts = r.integer({"num_experts"}, 512, 0);
+        s.experts_per_token = r.integer({"num_experts_per_tok"}, 10);
+        s.moe_intermediate = r.integer({"moe_intermediate_size"}, 512);
+        s.shared_expert_intermediate = r.integer({"shared_expert_intermediate_size"}, 512, 0);
+        s.shared_experts = s.shared_expert_intermediate > 0 ? 1 : 0;
+        s.shared_expert_gate = s.shared_experts > 0;
+        read_sparse_layers(r, s);
+        r.note("qwen3_next: the checkpoint's multi-token-prediction (mtp.*) weights are not counted (transformers ignores them, "
+               "vLLM loads them only for speculative decoding)");
     }
     if (type == "qwen3_moe") {
         s.experts = r.integer({"num_experts"}, 128, 0);
@@ -881,7 +921,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             {"gemma2", "Gemma2"},   {"phi3", "Phi3"},          {"deepseek_v2", "DeepseekV2"},
             {"deepseek_v3", "DeepseekV3"}, {"qwen3", "Qwen3"},       {"qwen3_moe", "Qwen3Moe"},
             {"granite", "Granite"},         {"kimi_k2", "DeepseekV3"},   {"gpt_oss", "GptOss"},
-            {"gemma3_text", "Gemma3Text"},  {"gemma3", "Gemma3Text"},
+            {"gemma3_text", "Gemma3Text"},  {"gemma3", "Gemma3Text"},     {"qwen3_next", "Qwen3Next"},
         };
         std::string prefix;
         for (const auto& [t, p] : classes)

@@ -155,7 +155,11 @@ Names names_for(const S& s) {
         n.router = "mlp.router";
         n.expert = {"", "", "down_proj", "gate_up_proj"};
     }
-    if (t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text") {  // Qwen3Attention / Gemma3Attention q_norm, k_norm
+    if (t == "qwen3_next") {  // Qwen3NextSparseMoeBlock: mlp.shared_expert, mlp.shared_expert_gate
+        n.shared = "mlp.shared_expert";
+        n.shared_gate = "mlp.shared_expert_gate";
+    }
+    if (t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text" || t == "qwen3_next") {  // Qwen3Attention / Gemma3Attention q_norm, k_norm
         n.attn.q_norm = "self_attn.q_norm";
         n.attn.k_norm = "self_attn.k_norm";
     }
@@ -334,9 +338,17 @@ TensorId attention(Ctx& c, TensorId x, const AttnOpts& a) {
         v = B.view(qkv, c.tok(KV * d), nm.core + ".v");
     } else {
         const TensorId src = a.kv_source >= 0 ? a.kv_source : x;
-        q = linear(c, x, h, H * d, s.qkv_bias, nm.q, Component::Attention);
+        q = linear(c, x, h, H * d * (s.attn_output_gate ? 2 : 1), s.qkv_bias, nm.q, Component::Attention);
         k = linear(c, src, h, KV * d, s.qkv_bias, nm.k, Component::Attention);
         v = linear(c, src, h, KV * d, s.qkv_bias, nm.v, Component::Attention);
+    }
+    TensorId gate = -1;
+    if (s.attn_output_gate) {
+        // Qwen3NextAttention: torch.chunk(q_proj(x).view(..., 2 * head_dim), 2): the
+        // query a view (q_norm makes it new), the gate reshaped into a copy.
+        const TensorId qg = q;
+        q = B.view(qg, c.tok(H * d), nm.core + ".query");
+        gate = B.copy(qg, c.tok(H * d), nm.core + ".gate", B.info(qg).role);
     }
     if (s.attention_sinks) {  // GptOssAttention.sinks: one learned logit per head
         const std::size_t oi = B.block().ops.size() - 1;
@@ -381,8 +393,64 @@ TensorId attention(Ctx& c, TensorId x, const AttnOpts& a) {
     }
     co.mask = !a.rel_bias;  // T5 adds the (masked) position bias in place
     co.causal = a.causal;
-    const TensorId out = core(c, q, k, v, co);
+    TensorId out = core(c, q, k, v, co);
+    if (gate >= 0) {  // attn_output * torch.sigmoid(gate): sigmoid saves its output, the product both inputs
+        const TensorId sg = B.activation(gate, Act::Sigmoid, nm.core + ".gate_sigmoid");
+        out = B.elementwise({out, sg}, c.tok(H * d), B.info(out).role, {out, sg}, nm.core + ".gate_mul");
+    }
     return linear(c, out, H * d, h, s.o_bias, nm.o, Component::Attention);
+}
+
+// Qwen3NextGatedDeltaNet (modeling_qwen3_next.py), eager path: in_proj_qkvz
+// and in_proj_ba; the q, k, v part through a depthwise causal conv1d (kernel
+// K, no bias, weight [conv_dim, 1, K]) and SiLU; beta = sigmoid(b) and g =
+// -exp(A_log) * softplus(a + dt_bias) per value head; the chunked gated delta
+// rule (modelled as one op that saves q, k, v, g and beta, as the fused
+// kernels do); RMSNormGated(out, z) with a weight of v_dim; out_proj.
+TensorId gated_delta_net(Ctx& c, TensorId x) {
+    const S& s = c.s;
+    BlockBuilder& B = c.B;
+    const std::int64_t h = s.hidden, nv = s.linear_v_heads, dk = s.linear_k_dim, dv = s.linear_v_dim, K = s.linear_conv_kernel;
+    const std::int64_t kd = s.linear_k_heads * dk, vd = nv * dv, conv = 2 * kd + vd;
+    const std::string p = "linear_attn";
+    const TensorId qkvz = linear(c, x, h, 2 * kd + 2 * vd, false, p + ".in_proj_qkvz", Component::Attention);
+    const TensorId ba = linear(c, x, h, 2 * nv, false, p + ".in_proj_ba", Component::Attention);
+    const ActRole role = B.info(qkvz).role;
+    // fix_query_key_value_ordering + torch.cat((q, k, v)): the conv input.
+    const TensorId mixed = B.copy(qkvz, c.tok(conv), p + ".mixed_qkv", role);
+    const TensorId z = B.copy(qkvz, c.tok(vd), p + ".z", role);
+    const TensorId cv = B.tensor(p + ".conv1d.out", c.tok(conv), role);
+    Op& co = B.op(OpKind::Elementwise, p + ".conv1d", {mixed}, {cv}, {{mixed, false}});
+    co.flops = c.tok(2 * conv * K);
+    {
+        const std::size_t oi = B.block().ops.size() - 1;
+        const auto w = B.param(p + ".conv1d.weight", {conv, 1, K}, Component::Attention, "conv1d");
+        B.block().ops[oi].params.push_back(w);
+    }
+    const TensorId act = B.activation(cv, Act::SiLU, p + ".conv1d.silu");
+    const TensorId q = B.view(act, c.tok(kd), p + ".query");
+    const TensorId k = B.view(act, c.tok(kd), p + ".key");
+    const TensorId v = B.view(act, c.tok(vd), p + ".value");
+    const TensorId beta = B.activation(B.view(ba, c.tok(nv), p + ".b"), Act::Sigmoid, p + ".beta");
+    const TensorId g = B.elementwise({ba}, c.tok(nv), ActRole::Float32, {ba}, p + ".g");
+    {
+        const std::size_t oi = B.block().ops.size() - 1;
+        const auto a_log = B.param(p + ".A_log", {nv}, Component::Attention, "A_log");
+        const auto dt = B.param(p + ".dt_bias", {nv}, Component::Attention, "dt_bias");
+        B.block().ops[oi].params.push_back(a_log);
+        B.block().ops[oi].params.push_back(dt);
+    }
+    const TensorId core = B.tensor(p + ".core_attn_out", c.tok(vd), role);
+    Op& dr = B.op(OpKind::Elementwise, p + ".chunk_gated_delta_rule", {q, k, v, g, beta}, {core},
+                  {{q, false}, {k, false}, {v, false}, {g, false}, {beta, false}});
+    dr.flops = c.tok(nv * 6 * dk * dv);  // state update and read-out per token and head (an estimate)
+    const TensorId normed = B.elementwise({core, z}, c.tok(vd), role, {core, z}, p + ".norm");
+    {
+        const std::size_t oi = B.block().ops.size() - 1;
+        const auto w = B.param(p + ".norm.weight", {dv}, Component::Norms, "norm");
+        B.block().ops[oi].params.push_back(w);
+    }
+    return linear(c, normed, vd, h, false, p + ".out_proj", Component::Attention);
 }
 
 // DeepSeek multi-head latent attention (DeepseekV3Attention eager).
@@ -536,7 +604,7 @@ TensorId moe(Ctx& c, TensorId x) {
 }
 
 // One decoder (or encoder) layer. x is the residual stream.
-TensorId layer(Ctx& c, TensorId x, bool moe_layer) {
+TensorId layer(Ctx& c, TensorId x, bool moe_layer, bool linear_layer = false) {
     const S& s = c.s;
     const Names& n = c.n;
     BlockBuilder& B = c.B;
@@ -544,7 +612,7 @@ TensorId layer(Ctx& c, TensorId x, bool moe_layer) {
     AttnOpts ao;
     ao.names = &n.attn;
     ao.causal = !(s.model_type == "bert" || s.model_type == "roberta");  // encoders attend both ways
-    auto attn = [&](TensorId in) { return s.mla ? mla(c, in) : attention(c, in, ao); };
+    auto attn = [&](TensorId in) { return linear_layer ? gated_delta_net(c, in) : s.mla ? mla(c, in) : attention(c, in, ao); };
     auto ffn = [&](TensorId in) { return moe_layer ? moe(c, in) : mlp(c, in, dense_mlp_opts(c, s.intermediate)); };
 
     if (s.post_norm) {
@@ -750,6 +818,10 @@ std::string run_name(const std::string& prefix, std::int64_t a, std::int64_t b, 
     return prefix + "." + std::to_string(a) + (b > a ? "-" + std::to_string(b) : "");
 }
 
+bool is_linear(const S& s, std::int64_t i) {
+    return static_cast<std::size_t>(i) < s.linear_attn_layers.size() && s.linear_attn_layers[static_cast<std::size_t>(i)];
+}
+
 bool is_sparse(const S& s, std::int64_t i) {
     if (s.experts <= 0) return false;
     if (!s.sparse_layers.empty())
@@ -815,15 +887,16 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
     } else {
         std::int64_t i = 0;
         while (i < s.layers) {
-            const bool sparse = is_sparse(s, i);
+            const bool sparse = is_sparse(s, i), lin = is_linear(s, i);
             std::int64_t j = i;
-            while (j + 1 < s.layers && is_sparse(s, j + 1) == sparse) ++j;
+            while (j + 1 < s.layers && is_sparse(s, j + 1) == sparse && is_linear(s, j + 1) == lin) ++j;
             const bool whole = i == 0 && j == s.layers - 1;
             BlockBuilder B(run_name("layers", i, j, whole), j - i + 1, weight_dtype);
             B.block().checkpointable = true;
+            B.block().linear_attention = lin;
             Ctx c{s, n, B, g.notes, act};
             TensorId x = B.input("hidden_states", Extent::per_token(h), ActRole::Stream);
-            x = layer(c, x, sparse);
+            x = layer(c, x, sparse, lin);
             g.blocks.push_back(B.finish(x));
             i = j + 1;
         }
@@ -863,6 +936,17 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
         g.notes.push_back("encoder-only model: no KV cache");
     } else {
         d.kv_elements_per_token = checked_mul(s.layers, checked_mul(2, checked_mul(s.kv_heads, s.head_dim)));
+    }
+    if (!s.linear_attn_layers.empty()) {
+        d.linear_layers = s.linear_attn_layers;
+        d.linear_conv_kernel = s.linear_conv_kernel;
+        d.linear_conv_dim = 2 * s.linear_k_heads * s.linear_k_dim + s.linear_v_heads * s.linear_v_dim;
+        d.linear_v_heads = s.linear_v_heads;
+        d.linear_k_dim = s.linear_k_dim;
+        d.linear_v_dim = s.linear_v_dim;
+        d.kv_elements_per_token = checked_mul(d.kv_layers(), checked_mul(2, checked_mul(s.kv_heads, s.head_dim)));
+        g.notes.push_back("linear-attention layers (gated DeltaNet): " + std::to_string(s.layers - d.kv_layers()) + " of " +
+                          std::to_string(s.layers) + "; no KV cache there but a state per sequence (convolution and recurrent state)");
     }
     g.transformer = d;
     g.weight_quant = s.weight_quant;

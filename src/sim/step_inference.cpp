@@ -18,10 +18,10 @@ void StepBuilder::inference() {
         plans_.push_back(plan_block(g_.blocks[i], job_, head ? 1 : prompt, true, em_, job_.layout));
     }
     rank_setup();
-    const std::int64_t layers = td ? std::max<std::int64_t>(1, td->layers) : 1;
-    std::int64_t per_layer_token = td ? td->kv_elements_per_token / layers : 0;
+    std::int64_t per_layer_token = td ? td->kv_elements_per_token / std::max<std::int64_t>(1, td->kv_layers()) : 0;
     if (td && !td->latent_kv && td->kv_heads > 0 && tp > 1) per_layer_token = per_layer_token / td->kv_heads * ((td->kv_heads + tp - 1) / tp);
     const DType kvdt = job_.req.kv_dtype.value_or(job_.lowered);
+    const Bytes state = td ? td->hf_linear_state_bytes(job_.req.batch, tp, kvdt) : Bytes(0);
     const std::int32_t kvlabel = em_.label("KV cache");
     const auto& units = chunks_.front();
     std::vector<std::int64_t> cache;  // k and v per layer
@@ -38,7 +38,14 @@ void StepBuilder::inference() {
                 Instance in = forward(p, x, false, false, false, Bytes(0));
                 em_.unref(x);
                 x = in.gid[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(p.blk->output)])];
-                if (p.blk->checkpointable && per_layer_token > 0) {
+                if (p.blk->checkpointable && p.blk->linear_attention) {
+                    // Linear attention: its state is made by the prefill and
+                    // updated in place while decoding.
+                    const std::size_t idx = layer * 2;
+                    if (cache.size() <= idx + 1) cache.resize(idx + 2, 0);
+                    if (!grow) cache[idx] = em_.alloc(state, kvlabel);
+                    ++layer;
+                } else if (p.blk->checkpointable && per_layer_token > 0) {
                     const Bytes half = dtype_bytes(kvdt, checked_mul(checked_mul(job_.req.batch, len), per_layer_token / 2));
                     for (int kv = 0; kv < 2; ++kv) {
                         const std::size_t idx = layer * 2 + static_cast<std::size_t>(kv);

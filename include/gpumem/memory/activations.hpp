@@ -246,18 +246,22 @@ inline bool checkpointed_instance(std::int64_t k, const ActivationContext& ctx) 
 inline std::int64_t recompute_group(const ActivationContext& ctx) {
     return ctx.recompute_method == RecomputeMethod::Uniform ? std::max<std::int64_t>(1, ctx.recompute_num_layers) : 1;
 }
-// Of `repeat` checkpointable instances of a run: how many are checkpointed
-// (keep their input; with uniform chunks, the chunks), and how many
+// Of `repeat` checkpointable instances of a run whose first is the `first`-th
+// checkpointable instance of the chunk (models whose layers differ come in
+// several runs; the count runs on across them, as torchtitan's ac_freq
+// counter and Megatron's layer numbers do): how many are checkpointed (keep
+// their input; with uniform chunks, the chunks that start here), and how many
 // uncheckpointed ones come after the last checkpointed (backwarded first).
-inline std::int64_t checkpointed_count(std::int64_t repeat, const ActivationContext& ctx) {
-    if (ctx.recompute_method == RecomputeMethod::Block) return std::min(repeat, ctx.recompute_num_layers);
-    const std::int64_t n = std::max<std::int64_t>(1, recompute_group(ctx) > 1 ? recompute_group(ctx) : ctx.recompute_every);
-    return (repeat + n - 1) / n;
+inline std::int64_t checkpointed_count(std::int64_t repeat, const ActivationContext& ctx, std::int64_t first = 0) {
+    std::int64_t n = 0;
+    for (std::int64_t k = first; k < first + repeat; ++k) n += checkpointed_instance(k, ctx) ? 1 : 0;
+    return n;
 }
-inline std::int64_t trailing_uncheckpointed(std::int64_t repeat, const ActivationContext& ctx) {
-    if (ctx.recompute_method == RecomputeMethod::Block) return repeat - std::min(repeat, ctx.recompute_num_layers);
+inline std::int64_t trailing_uncheckpointed(std::int64_t repeat, const ActivationContext& ctx, std::int64_t first = 0) {
     if (recompute_group(ctx) > 1) return 0;
-    return (repeat - 1) % std::max<std::int64_t>(1, ctx.recompute_every);
+    std::int64_t t = 0;
+    for (std::int64_t k = first + repeat - 1; k >= first && !checkpointed_instance(k, ctx); --k) ++t;
+    return t;
 }
 
 // The dtype a role resolves to under a context.

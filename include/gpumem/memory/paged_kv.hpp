@@ -17,7 +17,10 @@
 // of L tokens needs cdiv(L, bs) blocks in a full group and cdiv(min(W - 1 +
 // max_num_batched_tokens, L), bs) + 1 in a sliding one (kv_cache_interface.py
 // L251-270); MLA caches one latent of kv_lora_rank + rope dims per token and
-// layer, unsplit by tensor parallelism. docs/research/vllm_hybrid.md.
+// layer, unsplit by tensor parallelism; linear-attention layers (Qwen3-Next's
+// gated DeltaNet) hold one state page per request, the attention block size
+// raised until its page holds that state (models/config.py
+// HybridAttentionMambaModelConfig). docs/research/vllm_hybrid.md.
 // Sources (vllm-project/vllm, release v0.27.1 = 6e448d0ea9bf):
 // vllm/v1/kv_cache_interface.py AttentionSpec.real_page_size_bytes;
 // vllm/v1/core/kv_cache_utils.py get_num_blocks, get_kv_cache_configs (the
@@ -46,6 +49,13 @@ struct PagedKvRequest {
     std::int64_t max_model_len = 0; // tokens per request
     DType kv_dtype = DType::BF16;   // kv_cache_dtype "auto" = the model's dtype
     std::int64_t max_num_batched_tokens = 0;  // sliding layers keep W - 1 + this many tokens per request (0: max_model_len)
+    // Linear-attention state (Qwen3-Next): the convolution state's dtype
+    // (mamba_cache_dtype "auto": the model's) and the recurrent state's
+    // (mamba_ssm_cache_dtype, by default the same); prefix caching switches
+    // the state to "align" mode, two pages per request.
+    DType state_dtype = DType::BF16;
+    DType ssm_dtype = DType::BF16;
+    bool prefix_caching = false;
     // The KV budget of each pipeline stage's ranks (one value: the same for all).
     std::vector<Bytes> available;
 };
@@ -65,6 +75,8 @@ struct PagedKvResult {
     std::int64_t blocks_per_request = 0;  // over all groups: cdiv(max_model_len, block_size) for a full group
     double max_concurrency = 0;      // num_blocks / blocks_per_request
     std::int64_t kv_cache_tokens = 0;  // num_blocks // groups x block_size
+    std::int64_t block_size = 0;     // tokens per block: the request's, or raised to hold a linear-attention state
+    Bytes state_page;                // one linear-attention layer's state for one request (before padding)
     Bytes needed_per_request;        // the most-loaded stage's bytes for one request of max_model_len
     bool fits_one_request = false;   // false: vLLM refuses to start ("To serve at least one request ...")
 };
@@ -75,6 +87,11 @@ struct PagedKvResult {
 // one latent (kv_lora_rank + rope dim), not split by tensor parallelism.
 Bytes kv_token_bytes_per_layer(const TransformerDims& d, std::int64_t tp, DType dt);
 
+// One linear-attention layer's state for one request on one tensor-parallel
+// rank as vLLM pages it (mamba_utils.py gated_delta_net_state_shape, L177-190
+// @d28d86e8a): a convolution state of (kernel - 1) x conv_dim / tp and a
+// recurrent state of v_heads / tp x k_dim x v_dim.
+Bytes vllm_linear_state_bytes(const TransformerDims& d, std::int64_t tp, DType state_dt, DType ssm_dt);
 // Layers of each pipeline stage as vLLM splits them (get_pp_indices).
 std::vector<std::int64_t> vllm_pp_layers(std::int64_t layers, std::int64_t pp);
 

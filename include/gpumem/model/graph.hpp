@@ -170,6 +170,7 @@ struct Block {
     std::string name;
     std::int64_t repeat = 1;
     bool checkpointable = false;  // a transformer layer: HF gradient checkpointing wraps it
+    bool linear_attention = false;  // its layers are linear attention (state per sequence, no KV cache)
     std::vector<Param> params;
     std::vector<TensorInfo> tensors;  // tensors[0] is the block input
     std::vector<Op> ops;
@@ -205,6 +206,31 @@ struct TransformerDims {
     std::int64_t rope_configs = 1;
     bool rope_fp32 = false;
     bool encoder_decoder = false;
+    // Linear-attention layers (Qwen3-Next's gated DeltaNet): no KV cache but a
+    // state per sequence of fixed size, a convolution state of (kernel - 1) x
+    // conv_dim (conv_dim = 2 x k_heads x k_dim + v_heads x v_dim) and a
+    // recurrent state of v_heads x k_dim x v_dim (modeling_qwen3_next.py
+    // Qwen3NextDynamicCache; vLLM mamba_utils.py gated_delta_net_state_shape).
+    // kv_elements_per_token counts the other (attention) layers only.
+    std::vector<bool> linear_layers;   // per layer (empty: none)
+    std::int64_t linear_conv_dim = 0, linear_conv_kernel = 0, linear_v_heads = 0, linear_k_dim = 0, linear_v_dim = 0;
+    // Layers that hold a KV cache.
+    [[nodiscard]] std::int64_t kv_layers() const {
+        std::int64_t n = layers;
+        for (bool l : linear_layers) n -= l ? 1 : 0;
+        return n;
+    }
+    // One layer's linear-attention state for `batch` sequences on one of
+    // `tp` ranks (heads split), as transformers' cache holds it
+    // (Qwen3NextDynamicCache): conv_states [conv_dim, kernel] in `conv_dt`
+    // and recurrent_states [v_heads, k_dim, v_dim] in fp32 (the delta rule
+    // returns its final state in fp32).
+    [[nodiscard]] Bytes hf_linear_state_bytes(std::int64_t batch, std::int64_t tp, DType conv_dt) const {
+        tp = tp < 1 ? 1 : tp;
+        const std::int64_t conv = checked_mul((linear_conv_dim + tp - 1) / tp, linear_conv_kernel);
+        const std::int64_t rec = checked_mul((linear_v_heads + tp - 1) / tp, checked_mul(linear_k_dim, linear_v_dim));
+        return (dtype_bytes(conv_dt, conv) + dtype_bytes(DType::F32, rec)) * batch;
+    }
 };
 
 // The output projection to the vocabulary (lm_head / embed_out / MLM decoder).

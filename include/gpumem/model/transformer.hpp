@@ -103,6 +103,14 @@ struct TransformerSpec {
     bool attention_sinks = false;       // gpt-oss: a learned sink logit per head (self_attn.sinks)
     std::vector<bool> sparse_layers;    // optional explicit per-layer MoE flags (empty: derive)
 
+    // Linear attention (Qwen3-Next's gated DeltaNet, modeling_qwen3_next.py
+    // Qwen3NextGatedDeltaNet): the layers that use it instead of
+    // self-attention, and its key/value heads, head sizes and the depthwise
+    // causal convolution's kernel over the concatenated q, k, v.
+    std::vector<bool> linear_attn_layers;  // empty: none
+    std::int64_t linear_k_heads = 0, linear_v_heads = 0, linear_k_dim = 0, linear_v_dim = 0, linear_conv_kernel = 0;
+    bool attn_output_gate = false;      // qwen3_next: q_proj also emits a sigmoid gate on the attention output
+
     // Multi-head latent attention (deepseek v2/v3).
     bool mla = false;
     std::int64_t q_lora_rank = 0;       // 0: plain q_proj
