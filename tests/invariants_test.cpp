@@ -113,23 +113,24 @@ TEST(GridAgreement, Inference) { check_agreement(GridKind::Inference, 300, 8); }
 
 // A model whose layers differ (Qwen3-Next: gated-DeltaNet and gated-attention
 // layers alternate, so its graph is a run of blocks, not one repeated block):
-// training on one GPU without full or op-level recompute, and generation on
-// one GPU. Recompute across runs of different layers and the multi-GPU
-// layouts of such a model do not agree yet (up to 30% apart; tracked in the
-// issue notes), so they are not drawn here.
+// training on one GPU with every recompute setting (recompute-every and
+// Megatron's methods counted across the runs) and generation on one GPU,
+// with the default framework. Still apart by up to 12% and so not drawn here
+// (the analytic view mostly above the simulation): tensor, pipeline and
+// context parallelism with full recompute, other frameworks' loops with
+// LoRA, data-parallel and ZeRO jobs near 5% (a tiny Qwen3-MoE is 4-5% apart
+// on the same jobs), and tensor-parallel generation of MoE layers (Qwen3-MoE
+// too) - tracked in the issue notes.
 TEST(GridAgreement, LayersThatDiffer) {
     const std::string tiny = test::source_path("tests/fixtures/configs/tiny-qwen3-next.json");
     for (const GridKind kind : {GridKind::Single, GridKind::Inference}) {
-        Rng rng(kind == GridKind::Single ? 21 : 22);
+        Rng rng(21 + static_cast<std::uint64_t>(kind));
         std::vector<GridJob> jobs;
         for (int tries = 0; jobs.size() < 150 && tries < 3000; ++tries) {
             GridJob j = draw_job(rng, kind);
             j.req.model = tiny;
-            if (j.req.recompute == Recompute::Full || j.req.recompute == Recompute::Ops) j.req.recompute = Recompute::Selective;
-            j.req.recompute_every.reset();
-            j.req.recompute_method.reset();
-            j.req.recompute_num_layers.reset();
-            j.req.parallel = {};
+            j.req.framework.reset();
+            if (kind == GridKind::Inference) j.req.parallel = {};
             if (grid_valid(j.req)) jobs.push_back(std::move(j));
         }
         ASSERT_GE(jobs.size(), 140u) << kind_name(kind);

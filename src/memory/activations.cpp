@@ -604,6 +604,13 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
     bool prev_saves_output = false;
     Bytes prev_output;  // output of the previous block counted
     std::int64_t ck_first = 0;  // checkpointable instances before this block
+    // Megatron uniform chunks over layers that differ: each checkpointable
+    // instance's saves and largest transient, and its block.
+    struct Inst {
+        std::size_t block;
+        Bytes saved, largest, fetched;
+    };
+    std::vector<Inst> insts;
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
         const Block& blk = g.blocks[bi];
         const std::int64_t repeat = instances ? (bi < instances->size() ? (*instances)[bi] : 0) : blk.repeat;
@@ -624,18 +631,26 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         const std::int64_t n_ck = ckpt ? checkpointed_count(repeat, ctx, ck_first) : 0;  // instances 0, N, 2N, ... / the first N / the chunks
         const std::int64_t ck_at = ck_first;
         if (ckpt) ck_first += repeat;
+        ba.rebuilt = n_ck > 0;
+        ba.kept = !ckpt || (group == 1 && n_ck < repeat);
+
         const Bytes sac = ckpt && ctx.recompute == Recompute::Ops ? op_sac_saved(blk, ctx) : Bytes(0);
         // Offloaded inputs: one comes back from CPU memory for each recompute.
         const Bytes fetched = ckpt && ctx.activation_offload ? rest.input_bytes : Bytes(0);
+        if (ckpt && group > 1)
+            for (std::int64_t k = 0; k < repeat; ++k) insts.push_back({res.blocks.size(), rest.saved, rest.largest, fetched});
         if (ckpt && group == 1 && n_ck < repeat) {
             // Every N-th (or the first N) instances checkpointed, the others keep their saves.
             ba.per_instance = rest.saved;
             ba.total = (ctx.activation_offload ? Bytes(0) : rest.input_bytes) * n_ck + sac * n_ck + rest.saved * (repeat - n_ck);
             res.saved += ba.total;
-            ba.recompute_transient = rest.saved + rest.largest + fetched;
-            ba.recompute_largest = rest.largest;
+            // Only a block with a checkpointed instance is rebuilt.
+            ba.recompute_transient = n_ck > 0 ? rest.saved + rest.largest + fetched : Bytes(0);
+            ba.recompute_largest = n_ck > 0 ? rest.largest : Bytes(0);
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
             ba.recompute_trailing = rest.saved * trailing_uncheckpointed(repeat, ctx, ck_at);
+            // No checkpointed instance here: the trailing run goes on through this block.
+            res.recompute_trailing = n_ck == 0 ? res.recompute_trailing + ba.total : ba.recompute_trailing;
             ba.weight_casts = rest.weight_casts * (repeat - n_ck);
             res.autocast_weight_casts += ba.weight_casts;
             ba.unsaved_casts = (rest.weight_casts - rest.frozen_casts) * n_ck;
@@ -665,6 +680,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             ba.recompute_transient = rest.saved * chunk + rest.largest + fetched;
             ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
+            res.recompute_trailing = Bytes(0);
             ba.unsaved_casts = first.weight_casts - first.frozen_casts + (rest.weight_casts - rest.frozen_casts) * more;
             res.autocast_cache_unsaved += ba.unsaved_casts;
             prev_saves_output = false;
@@ -707,6 +723,27 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         rg = rest.output_rg;
         prev_output = rest.output_bytes;
         res.blocks.push_back(std::move(ba));
+    }
+    // A uniform chunk may span blocks: its rebuild holds the saves of its
+    // layers, whichever block each comes from (the chunk is charged to the
+    // block it starts in).
+    const std::int64_t group = recompute_group(ctx);
+    if (group > 1 && !insts.empty()) {
+        for (auto& b : res.blocks)
+            if (!insts.empty()) b.recompute_transient = Bytes(0);
+        res.recompute_transient = Bytes(0);
+        for (std::size_t c = 0; c < insts.size(); c += static_cast<std::size_t>(group)) {
+            Bytes sum, largest, fetched;
+            for (std::size_t i = c; i < std::min(insts.size(), c + static_cast<std::size_t>(group)); ++i) {
+                sum += insts[i].saved;
+                largest = max(largest, insts[i].largest);
+                fetched = max(fetched, insts[i].fetched);
+            }
+            BlockActivations& b = res.blocks[insts[c].block];
+            b.recompute_transient = max(b.recompute_transient, sum + largest + fetched);
+            b.recompute_largest = max(b.recompute_largest, largest);
+            res.recompute_transient = max(res.recompute_transient, b.recompute_transient);
+        }
     }
     return res;
 }

@@ -138,6 +138,10 @@ struct BlockActivations {
     // checkpointed one, freed before the first rebuild in backward.
     Bytes recompute_trailing;
     Bytes recompute_largest;     // part of recompute_transient: the rebuild's largest transient tensor
+    // Full recompute: whether some instance is rebuilt in backward, and
+    // whether some runs its backward from its own saves.
+    bool rebuilt = false;
+    bool kept = true;
     Bytes weight_casts;          // part of `total`: autocast's 16-bit weight copies
     Bytes lora;                  // part of `total`: LoRA adapter tensors
     // Part of `total`: inputs bitsandbytes' 4-bit matmul (< 0.43.2) keeps as
@@ -156,6 +160,10 @@ struct ActivationResult {
     Bytes lora_adapters;         // part of `saved`: the adapters' rank-r outputs
     Bytes quant_held;            // part of `saved`: BlockActivations::quant_held summed
     Bytes recompute_transient;   // full recompute: one layer's activations rebuilt in backward
+    // --recompute-every: the saves of the uncheckpointed instances after the
+    // last checkpointed one of the whole run of layers (they may span blocks
+    // whose layers differ), freed before the first rebuild in backward.
+    Bytes recompute_trailing;
     // Full recompute: autocast's weight-cast cache still holds every 16-bit
     // weight copy until the forward leaves the autocast region (not saved).
     Bytes autocast_cache_unsaved;
