@@ -20,6 +20,7 @@
 
 #include "gpumem/model/load.hpp"
 #include "gpumem/model/safetensors.hpp"
+#include "test_util.hpp"
 #ifdef GPUMEM_HAVE_SERVER
 #include <httplib.h>
 
@@ -1064,4 +1065,40 @@ TEST(ParamCount, ParamsOnlyGraph) {
     EXPECT_TRUE(g.blocks.empty());
     ASSERT_FALSE(g.notes.empty());
     EXPECT_NE(g.notes.front().find("activations are not modelled"), std::string::npos);
+}
+
+// The readers added for Qwen3-Next and Llama 4 on hostile field values: every
+// field of their configs (top level and nested) set in turn to zero, a
+// negative, a huge, a fractional, a string, a null, an empty list and an
+// object; each load either succeeds or names a field, never crashes.
+TEST(ConfigJson, HybridReadersOnHostileValues) {
+    TempDir d;
+    const std::vector<json> hostile = {0, -3, 1e15, 2.5, "x", nullptr, json::array(), json::object()};
+    int errors = 0, loads = 0;
+    for (const std::string& rel : {std::string("tests/fixtures/configs/tiny-qwen3-next.json"), std::string("data/presets/configs/llama-4-scout-17b-16e-instruct.json")}) {
+        std::ifstream in(test::source_path(rel));
+        const json base = json::parse(in);
+        std::vector<std::vector<std::string>> paths;
+        for (auto it = base.begin(); it != base.end(); ++it) {
+            if (it->is_object())
+                for (auto jt = it->begin(); jt != it->end(); ++jt) paths.push_back({it.key(), jt.key()});
+            else paths.push_back({it.key()});
+        }
+        for (const auto& path : paths)
+            for (const json& v : hostile) {
+                json c = base;
+                if (path.size() == 1) c[path[0]] = v;
+                else c[path[0]][path[1]] = v;
+                d.write("c.json", c.dump());
+                const auto r = load_hf_config_file(d.file("c.json"));
+                if (r.ok()) {
+                    ++loads;
+                } else {
+                    ++errors;
+                    EXPECT_FALSE(r.error().message.empty());
+                }
+            }
+    }
+    EXPECT_GT(errors, 50);
+    EXPECT_GT(loads, 50);
 }

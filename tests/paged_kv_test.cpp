@@ -265,3 +265,60 @@ TEST(PagedKv, LinearAttentionStatePagesQwen3Next) {
     r.prefix_caching = true;
     EXPECT_NEAR(paged_kv_cache(*g.transformer, r).value().max_concurrency, 7162.0 / (482 + 6), 1e-9);
 }
+
+// Llama-4 Scout and Maverick (Llama4ForConditionalGeneration,
+// modeling_llama4.py; docs/research/llama4.md section 2): per layer q/k/v/o
+// without biases (40 heads, 8 KV heads of 128), two norms; MoE layers a
+// router H x E, E fused experts of H x 2I + I x H and a shared expert of 3 x H
+// x I (I = 8192); dense layers 3 x H x 16384; untied 202,048 x H embeddings
+// and a final norm; the vision tower (34 layers of 1408 with biased
+// attention and MLP of 5632, two LayerNorms each, a 588 -> 1408 patch linear,
+// class and 577 position embeddings, pre/post LayerNorms, the pixel-shuffle
+// MLP 5632 -> 4096 -> 4096) and the 4096 -> H projector. Published totals:
+// the Hugging Face API's safetensors count for Scout, 108,641,793,536, and
+// the checkpoint totals a public test quotes for both.
+TEST(Presets, Llama4CountByFormula) {
+    const std::int64_t H = 5120, V = 202048, I = 8192, Imlp = 16384, L = 48;
+    const std::int64_t attn = H * 40 * 128 + 2 * H * 8 * 128 + 40 * 128 * H;
+    const auto moe = [&](std::int64_t E) { return H * E + E * (H * 2 * I + I * H) + 3 * H * I; };
+    const std::int64_t dense = 3 * H * Imlp;
+    const std::int64_t D = 1408, Iv = 5632, Lv = 34;
+    const std::int64_t vlayer = 4 * (D * D + D) + (D * Iv + Iv) + (Iv * D + D) + 4 * D;
+    const std::int64_t vision = 588 * D + D + 577 * D + 4 * D + Lv * vlayer + (Iv * 4096 + 4096 * 4096) + 4096 * H;
+    const std::int64_t scout = 2 * V * H + H + L * (attn + 2 * H) + L * moe(16) + vision;
+    const std::int64_t maverick = 2 * V * H + H + L * (attn + 2 * H) + 24 * moe(128) + 24 * dense + vision;
+    EXPECT_EQ(scout, 108641793536);
+    EXPECT_EQ(maverick, 401583781376);
+    EXPECT_EQ(load_model("llama-4-scout-17b-16e-instruct").value().total_params(), scout);
+    EXPECT_EQ(load_model("llama-4-maverick-17b-128e-instruct").value().total_params(), maverick);
+    const ModelGraph g = load_model("llama-4-scout-17b-16e-instruct").value();
+    EXPECT_EQ(g.transformer->attention_chunk, 8192);
+    EXPECT_EQ(std::count(g.transformer->chunked_layers.begin(), g.transformer->chunked_layers.end(), true), 36);  // RoPE layers
+}
+
+// Llama-4-Scout on four H100s, vLLM 0.19, max_model_len 8192, 8192 batched
+// tokens (tests/fixtures/groundtruth/vllm_hybrid_logs.json
+// llmd-h100-llama4-scout-tp4): 36 chunked-local layers (chunk 8192) and 12
+// global ones, 2 KV heads of 128 per rank, so pages of 16 x 2 x 2 x 128 x 2 B
+// = 16,384 B and 4 groups of 12; a request holds 512 blocks in the global
+// group and cdiv(min(8192 + 8192, 8192), 16) = 512 in each chunked one. From
+// the logged 91,495 blocks: 91,495 // 4 x 16 = 365,968 tokens and
+// 91,495 / 2,048 = 44.68x, as the log prints.
+TEST(PagedKv, ChunkedLocalAttentionLlama4) {
+    const ModelGraph g = load_model("llama-4-scout-17b-16e-instruct").value();
+    PagedKvRequest r;
+    r.tp = 4;
+    r.max_model_len = 8192;
+    r.max_num_batched_tokens = 8192;
+    r.available = {Bytes(91495LL * 12 * 16384)};
+    const auto res = paged_kv_cache(*g.transformer, r);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    EXPECT_EQ(res.value().stages[0].page.count(), 16384);
+    EXPECT_EQ(res.value().groups, 4);
+    EXPECT_EQ(res.value().blocks_per_request, 2048);
+    EXPECT_EQ(res.value().kv_cache_tokens, 365968);
+    EXPECT_NEAR(res.value().max_concurrency, 44.68, 0.005);
+    // Longer requests: the chunked groups stop at chunk + batched tokens.
+    r.max_model_len = 65536;
+    EXPECT_EQ(paged_kv_cache(*g.transformer, r).value().blocks_per_request, 4096 + 3 * 1024);
+}

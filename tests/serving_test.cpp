@@ -444,3 +444,25 @@ TEST(Serving, LinearAttentionModels) {
     v0.engine_version = "0.8";
     EXPECT_FALSE(serving_memory(job, v0).ok());
 }
+
+// Llama-4-Scout on eight H200s, vLLM v0.12.0, bf16, tp 8: "Model loading took
+// 27.8072 GiB" (a public start-up log, docs/research/llama4.md section 3e).
+// Independent figure: the text weights split over 8 ranks (router and norms
+// whole), the vision tower's linears split as mllama4.py shards them, and
+// the RoPE cache of 10,485,760 x 128 bf16 (2.5 GiB, not split).
+TEST(Serving, Llama4WeightsPerRank) {
+    EstimateRequest job;
+    job.model = "llama-4-scout-17b-16e-instruct";
+    job.gpu = "H200";
+    job.parallel.tp = 8;
+    ServingOptions o;
+    o.max_model_len = 2097152;
+    const auto r = serving_memory(job, o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_NEAR(static_cast<double>(r.value().per_gpu.weights.count()) / 1073741824.0, 27.8072, 0.005);
+    ServingOptions sg;
+    sg.engine = Engine::SGLang;
+    const auto bad = serving_memory(job, sg);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().message.find("chunked local attention"), std::string::npos) << bad.error().message;
+}

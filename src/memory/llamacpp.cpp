@@ -723,6 +723,8 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
         check(!g.transformer || g.transformer->linear_layers.empty(), "model",
               "llama.cpp's recurrent state for linear-attention layers (Qwen3-Next) is not modelled here; gpumem serving answers for this model with "
               "--engine vllm");
+        check(!g.transformer || g.transformer->attention_chunk == 0, "model",
+              "llama.cpp's KV cache for chunked local attention (Llama 4) is not modelled here; gpumem serving answers for this model with --engine vllm");
         m = take(llama_model_from_graph(g, quant, era.old_qkv_rule));
     }
     out.model_name = m.name;

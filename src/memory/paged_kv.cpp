@@ -49,14 +49,15 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
         const Bytes tok = kv_token_bytes_per_layer(d, r.tp, r.kv_dtype);
         // Layers by type (full, sliding window, linear attention), then vLLM's
         // groups (layers[i::k] of a type).
-        std::vector<std::int64_t> full, sliding, linear;
+        std::vector<std::int64_t> full, sliding, chunked, linear;
         for (std::int64_t l = 0; l < d.layers; ++l) {
             const auto i = static_cast<std::size_t>(l);
             const bool sw = d.sliding_window > 0 && i < d.sliding_layers.size() && d.sliding_layers[i];
+            const bool ch = d.attention_chunk > 0 && i < d.chunked_layers.size() && d.chunked_layers[i];
             const bool lin = i < d.linear_layers.size() && d.linear_layers[i];
-            (lin ? linear : sw ? sliding : full).push_back(l);
+            (lin ? linear : ch ? chunked : sw ? sliding : full).push_back(l);
         }
-        check(!full.empty() || !sliding.empty(), "model", "the model has no attention layers with a KV cache to page");
+        check(!full.empty() || !sliding.empty() || !chunked.empty(), "model", "the model has no attention layers with a KV cache to page");
         if (!linear.empty()) {
             // Hybrid attention + linear attention (HybridAttentionMambaModelConfig,
             // models/config.py L103-264 @d28d86e8a): one state page per layer and
@@ -71,7 +72,7 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
         const Bytes page = tok * bs;
         out.block_size = bs;
         std::int64_t gs = 0, lo = 0, hi = 0;
-        for (const auto* t : {&full, &sliding, &linear}) {
+        for (const auto* t : {&full, &sliding, &chunked, &linear}) {
             if (t->empty()) continue;
             const auto n = static_cast<std::int64_t>(t->size());
             lo = lo == 0 ? n : std::min(lo, n);
@@ -84,7 +85,7 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
         };
         std::vector<Group> groups;
         const std::int64_t mnbt = r.max_num_batched_tokens > 0 ? r.max_num_batched_tokens : L;
-        enum class Kind { Full, Sliding, Linear };
+        enum class Kind { Full, Sliding, Chunked, Linear };
         const auto add_type = [&](const std::vector<std::int64_t>& ls, Kind kind) {
             if (ls.empty()) return;
             const auto n = static_cast<std::int64_t>(ls.size());
@@ -95,14 +96,18 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
                 // Sliding: cdiv(min(W - 1 + max_num_batched_tokens, L), bs) + 1
                 // (kv_cache_interface.py L251-270); linear attention: one state
                 // page, two with prefix caching's "align" mode (L293-300).
-                g.per_request = kind == Kind::Sliding ? (std::min(d.sliding_window - 1 + mnbt, L) + bs - 1) / bs + 1
-                                : kind == Kind::Linear ? (r.prefix_caching ? 2 : 1)
-                                                       : (L + bs - 1) / bs;
+                // Chunked local: cdiv(min(C + max_num_batched_tokens, L), bs)
+                // (ChunkedLocalAttentionSpec, L232-244).
+                g.per_request = kind == Kind::Sliding   ? (std::min(d.sliding_window - 1 + mnbt, L) + bs - 1) / bs + 1
+                                : kind == Kind::Chunked ? (std::min(d.attention_chunk + mnbt, L) + bs - 1) / bs
+                                : kind == Kind::Linear  ? (r.prefix_caching ? 2 : 1)
+                                                        : (L + bs - 1) / bs;
                 groups.push_back(std::move(g));
             }
         };
         add_type(full, Kind::Full);
         add_type(sliding, Kind::Sliding);
+        add_type(chunked, Kind::Chunked);
         add_type(linear, Kind::Linear);
         out.groups = static_cast<std::int64_t>(groups.size());
         out.group_size = gs;

@@ -441,11 +441,14 @@ void adjust_served_weights(const ModelGraph& g, const ServingOptions& o, const S
     out.assumptions.push_back(describe_weight_quant(*q, sv.gpu));
 }
 
-// Engines whose linear-attention state (Qwen3-Next) gpumem does not model
-// answer with an error rather than a KV pool that ignores it.
-void refuse_linear_attention(const TransformerDims& d, const std::string& what) {
+// Engines whose linear-attention state (Qwen3-Next) or chunked-attention KV
+// layout (Llama 4) gpumem does not model answer with an error rather than a
+// KV pool that pages every layer in full.
+void refuse_unmodelled_layouts(const TransformerDims& d, const std::string& engine) {
     check(d.linear_layers.empty(), "engine",
-          what + " for linear-attention layers (Qwen3-Next) is not modelled; gpumem serving answers for this model with --engine vllm");
+          engine + "'s state for linear-attention layers (Qwen3-Next) is not modelled; gpumem serving answers for this model with --engine vllm");
+    check(d.attention_chunk == 0, "engine",
+          engine + "'s KV cache for chunked local attention (Llama 4) is not modelled; gpumem serving answers for this model with --engine vllm");
 }
 
 // One layer's MLP working set for `tokens` tokens (an estimate of the
@@ -494,7 +497,7 @@ namespace {
 // and activations.
 ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
-    refuse_linear_attention(d, "SGLang's state pool (mamba_full_memory_ratio)");
+    refuse_unmodelled_layouts(d, "SGLang");
     ServingResult out;
     const Served sv = served_basics(g, job, o.engine.value_or(Engine::VLLM), out);
     const std::string version = o.engine_version.value_or("0.5.6");
@@ -628,7 +631,7 @@ std::int64_t tgi_default_prefill(const TransformerDims& d, std::int64_t max_posi
 
 ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
-    refuse_linear_attention(d, "TGI");
+    refuse_unmodelled_layouts(d, "TGI");
     ServingResult out;
     const Served sv = served_basics(g, job, Engine::TGI, out);
     const std::string version = o.engine_version.value_or("3.3");
@@ -739,7 +742,7 @@ Bytes trtllm_activation(const TransformerDims& d, std::int64_t tokens, std::int6
 
 ServingResult trtllm_memory(const ModelGraph& g, const EstimateRequest& job, const ServingOptions& o) {
     const TransformerDims& d = *g.transformer;
-    refuse_linear_attention(d, "TensorRT-LLM's mamba cache manager");
+    refuse_unmodelled_layouts(d, "TensorRT-LLM");
     ServingResult out;
     const Served sv = served_basics(g, job, Engine::TRTLLM, out);
     const std::string version = o.engine_version.value_or("1.2");
@@ -968,7 +971,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         if (o.enforce_eager) out.assumptions.push_back("--enforce-eager: no CUDA graphs");
         else out.assumptions.push_back("CUDA graphs (an estimate): the largest captured batch's MLP working set");
         TransformerDims dk = d;
-        if (v0) dk.sliding_window = 0;  // V0 pages every layer in full (no hybrid grouping)
+        if (v0) dk.sliding_window = dk.attention_chunk = 0;  // V0 pages every layer in full (no hybrid grouping)
         const PagedKvResult kv = take(paged_kv_cache(dk, kr));
         if (kv.block_size != out.block_size) {
             out.assumptions.push_back("linear-attention layers: one state of " + std::to_string(kv.state_page.count()) + " B per layer and request (" +

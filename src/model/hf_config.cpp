@@ -25,7 +25,7 @@ const std::vector<std::string>& supported_model_types() {
         "bert",  "deepseek_v2", "deepseek_v3", "falcon", "gemma", "gemma2",  "gpt2", "gpt_bigcode", "gpt_neox", "llama",
         "mistral", "mixtral",   "opt",         "phi",    "phi3",  "qwen2",   "qwen2_moe", "roberta",  "t5",
         "qwen3",   "qwen3_moe", "granite",     "kimi_k2", "gpt_oss", "gemma3", "gemma3_text",
-        "qwen3_next",
+        "qwen3_next", "llama4", "llama4_text",
     };
     return types;
 }
@@ -302,6 +302,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     else if (type == "granite") d = {32000, 4096, 11008, 32, 32, std::nullopt, 2048, 1e-6, false, "silu"};
     else if (type == "gpt_oss") d = {201088, 2880, 2880, 36, 64, 8, 131072, 1e-5, false, "silu"};  // GptOssConfig
     else if (type == "qwen3_next") d = {151936, 2048, 5632, 48, 16, 2, 32768, 1e-6, false, "silu"};  // Qwen3NextConfig
+    else if (type == "llama4_text") d = {202048, 5120, 8192, 48, 40, 8, 4096 * 32, 1e-5, false, "silu"};  // Llama4TextConfig
     else /* deepseek_v3 */ d = {129280, 7168, 18432, 61, 128, 128, 4096, 1e-6, false, "silu"};
 
     s.vocab = r.integer({"vocab_size"}, d.vocab);
@@ -336,6 +337,9 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         } else if ((type == "gemma2" || type == "gemma3_text" || type == "qwen3_next") && !hd) {
             hd = 256;
             r.note_default("head_dim", "256");
+        } else if (type == "llama4_text" && !hd) {
+            hd = 128;
+            r.note_default("head_dim", "128");
         }
         s.head_dim = hd ? *hd : derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
         check_kv_heads(r, s.heads, s.kv_heads, "num_key_value_heads");
@@ -343,7 +347,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
 
     // Biases: each family hard-codes or configures them differently.
     if (type == "llama" || type == "gemma" || type == "gemma2" || type == "gemma3_text" || type == "qwen3" || type == "qwen3_moe" || type == "granite" ||
-        type == "qwen3_next") {
+        type == "qwen3_next" || type == "llama4_text") {
         const bool ab = r.boolean({"attention_bias"}, false);
         s.qkv_bias = ab;
         s.o_bias = ab;
@@ -399,6 +403,46 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         read_sparse_layers(r, s);
         r.note("qwen3_next: the checkpoint's multi-token-prediction (mtp.*) weights are not counted (transformers ignores them, "
                "vLLM loads them only for speculative decoding)");
+    }
+    if (type == "llama4_text") {
+        // modeling_llama4.py (transformers 000c33fd; docs/research/llama4.md):
+        // MoE layers (moe_layers, else every interleave_moe_layer_step-th) of
+        // num_local_experts fused experts (gate_up_proj [E, H, 2I], down_proj
+        // [E, I, H]) with intermediate_size, a sigmoid top-k router without a
+        // bias and a shared expert of intermediate_size; the other layers a
+        // dense MLP of intermediate_size_mlp. The QK norm (use_qk_norm) is an
+        // L2 norm without weights. no_rope_layers[i] == 1: layer i uses RoPE
+        // and attends within chunks of attention_chunk_size; 0: NoPE, global
+        // (an empty list: every 4th layer NoPE, Llama4TextConfig).
+        s.moe_intermediate = s.intermediate;
+        s.intermediate = r.integer({"intermediate_size_mlp"}, 16384);
+        s.experts = r.integer({"num_local_experts"}, 16, 0);
+        s.experts_per_token = r.integer({"num_experts_per_tok"}, 1);
+        s.shared_experts = 1;
+        s.shared_expert_intermediate = s.moe_intermediate;
+        s.fused_expert_gate_up = true;
+        s.router_sigmoid = true;
+        s.sparse_layers.assign(static_cast<std::size_t>(s.layers), false);
+        if (r.present_non_null({"moe_layers"})) {
+            for (const auto i : r.int_list("moe_layers")) {
+                if (i < 0 || i >= s.layers) r.bad("moe_layers", "each entry must be a layer index below " + std::to_string(s.layers) + " (got " + std::to_string(i) + ")");
+                s.sparse_layers[static_cast<std::size_t>(i)] = s.experts > 0;
+            }
+        } else {
+            const std::int64_t step = r.integer({"interleave_moe_layer_step"}, 1, 0);
+            for (std::int64_t i = 0; i < s.layers; ++i) s.sparse_layers[static_cast<std::size_t>(i)] = s.experts > 0 && step > 0 && (i + 1) % step == 0;
+        }
+        std::vector<std::int64_t> rope = r.present_non_null({"no_rope_layers"}) ? r.int_list("no_rope_layers") : std::vector<std::int64_t>{};
+        if (rope.empty()) {
+            const std::int64_t every = r.integer({"no_rope_layer_interval"}, 4, 1);
+            for (std::int64_t i = 0; i < s.layers; ++i) rope.push_back((i + 1) % every != 0 ? 1 : 0);
+        }
+        if (static_cast<std::int64_t>(rope.size()) != s.layers) r.bad("no_rope_layers", "must list one 0/1 flag per layer (" + std::to_string(s.layers) + ")");
+        const std::int64_t chunk = r.present_non_null({"attention_chunk_size"}) ? r.integer({"attention_chunk_size"}, 8192, 1) : 0;
+        if (chunk > 0) {
+            s.attention_chunk = chunk;
+            for (const auto f : rope) s.chunked_layers.push_back(f != 0);
+        }
     }
     if (type == "qwen3_moe") {
         s.experts = r.integer({"num_experts"}, 128, 0);
@@ -922,6 +966,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             {"deepseek_v3", "DeepseekV3"}, {"qwen3", "Qwen3"},       {"qwen3_moe", "Qwen3Moe"},
             {"granite", "Granite"},         {"kimi_k2", "DeepseekV3"},   {"gpt_oss", "GptOss"},
             {"gemma3_text", "Gemma3Text"},  {"gemma3", "Gemma3Text"},     {"qwen3_next", "Qwen3Next"},
+            {"llama4_text", "Llama4"},      {"llama4", "Llama4"},
         };
         std::string prefix;
         for (const auto& [t, p] : classes)
@@ -961,6 +1006,54 @@ TransformerSpec parse(const json& j, std::string_view origin) {
                                   ") and the projector are counted as parameters; image activations are not modelled");
             }
             s.arch_class = "Gemma3ForConditionalGeneration";
+            s.head = H::CausalLM;
+        } else if (type == "llama4") {
+            // Llama4ForConditionalGeneration: the language model from
+            // text_config, the vision tower and projector as parameters only
+            // (modeling_llama4.py; docs/research/llama4.md section 2c). The
+            // tower's linears are split over tensor parallelism as vLLM's
+            // mllama4.py shards them (mm_encoder_tp_mode "weights").
+            const auto tc = j.find("text_config");
+            if (tc == j.end() || !tc->is_object())
+                fail(ErrorCode::ParseError, "text_config", std::string(origin) + ": a llama4 config needs a \"text_config\" object");
+            Reader r(*tc, origin, "Llama4TextConfig", s);
+            read_llama_like(r, s, "llama4_text");
+            s.model_type = "llama4_text";
+            const auto vc = j.find("vision_config");
+            if (vc != j.end() && vc->is_object()) {
+                Reader v(*vc, origin, "Llama4VisionConfig", s);
+                const std::int64_t D = v.integer({"hidden_size"}, 768), Iv = v.integer({"intermediate_size"}, 5632), Lv = v.integer({"num_hidden_layers"}, 34);
+                const std::int64_t img = v.integer({"image_size"}, 448), patch = v.integer({"patch_size"}, 14), ch = v.integer({"num_channels"}, 3);
+                const std::int64_t pin = v.integer({"projector_input_dim"}, 4096), pout = v.integer({"projector_output_dim"}, 4096);
+                const std::int64_t vout = v.integer({"vision_output_dim"}, 7680);
+                if (patch <= 0 || img < patch) v.bad("patch_size", "must be positive and at most image_size");
+                const bool pbias = v.boolean({"multi_modal_projector_bias"}, false);
+                const std::int64_t positions = checked_add(checked_mul(img / patch, img / patch), 1);
+                using C = Component;
+                s.extra_params = {{"vision_model.patch_embedding.linear.weight", {D, checked_mul(ch, checked_mul(patch, patch))}, C::Attention},
+                                  {"vision_model.class_embedding", {D}},
+                                  {"vision_model.positional_embedding_vlm", {positions, D}},
+                                  {"vision_model.layernorm_pre_post", {2, 2, D}},
+                                  {"vision_model.model.layers.self_attn.qkv.weight", {checked_mul(3, D), Lv, D}, C::Attention},
+                                  {"vision_model.model.layers.self_attn.qkv.bias", {checked_mul(3, D), Lv}, C::Attention},
+                                  {"vision_model.model.layers.self_attn.o_proj.weight", {D, Lv, D}, C::Attention},
+                                  {"vision_model.model.layers.self_attn.o_proj.bias", {D, Lv}},
+                                  {"vision_model.model.layers.mlp.fc1.weight", {Iv, Lv, D}, C::Mlp},
+                                  {"vision_model.model.layers.mlp.fc1.bias", {Iv, Lv}, C::Mlp},
+                                  {"vision_model.model.layers.mlp.fc2.weight", {Iv, Lv, D}, C::Mlp},
+                                  {"vision_model.model.layers.mlp.fc2.bias", {D, Lv}},
+                                  {"vision_model.model.layers.layer_norms", {Lv, 4, D}},
+                                  {"vision_model.vision_adapter.mlp.fc1.weight", {pin, Iv}, C::Mlp},
+                                  {"vision_model.vision_adapter.mlp.fc2.weight", {pout, pin}, C::Mlp},
+                                  {"multi_modal_projector.linear_1.weight", {s.hidden, vout}, C::Mlp}};
+                if (pbias) {
+                    s.extra_params.push_back({"vision_model.vision_adapter.mlp.fc1.bias", {pin}, C::Mlp});
+                    s.extra_params.push_back({"vision_model.vision_adapter.mlp.fc2.bias", {pout}});
+                }
+                s.notes.push_back("llama4: the vision tower (" + std::to_string(Lv) + " layers of " + std::to_string(D) +
+                                  ") and the projector are counted as parameters; image activations are not modelled");
+            }
+            s.arch_class = "Llama4ForConditionalGeneration";
             s.head = H::CausalLM;
         } else {
             Reader r(j, origin, prefix + "Config", s);

@@ -155,6 +155,14 @@ Names names_for(const S& s) {
         n.router = "mlp.router";
         n.expert = {"", "", "down_proj", "gate_up_proj"};
     }
+    if (t == "llama4_text") {  // Llama4TextDecoderLayer.feed_forward: Llama4TextMoe or Llama4TextMLP
+        n.mlp = {"feed_forward.up_proj", "feed_forward.gate_proj", "feed_forward.down_proj", ""};
+        n.moe = "feed_forward";
+        n.router = "feed_forward.router";
+        n.experts = "feed_forward.experts";
+        n.expert = {"", "", "down_proj", "gate_up_proj"};
+        n.shared = "feed_forward.shared_expert";
+    }
     if (t == "qwen3_next") {  // Qwen3NextSparseMoeBlock: mlp.shared_expert, mlp.shared_expert_gate
         n.shared = "mlp.shared_expert";
         n.shared_gate = "mlp.shared_expert_gate";
@@ -411,17 +419,17 @@ TensorId gated_delta_net(Ctx& c, TensorId x) {
     const S& s = c.s;
     BlockBuilder& B = c.B;
     const std::int64_t h = s.hidden, nv = s.linear_v_heads, dk = s.linear_k_dim, dv = s.linear_v_dim, K = s.linear_conv_kernel;
-    const std::int64_t kd = s.linear_k_heads * dk, vd = nv * dv, conv = 2 * kd + vd;
+    const std::int64_t kd = checked_mul(s.linear_k_heads, dk), vd = checked_mul(nv, dv), conv = checked_add(checked_mul(2, kd), vd);
     const std::string p = "linear_attn";
-    const TensorId qkvz = linear(c, x, h, 2 * kd + 2 * vd, false, p + ".in_proj_qkvz", Component::Attention);
-    const TensorId ba = linear(c, x, h, 2 * nv, false, p + ".in_proj_ba", Component::Attention);
+    const TensorId qkvz = linear(c, x, h, checked_add(conv, vd), false, p + ".in_proj_qkvz", Component::Attention);
+    const TensorId ba = linear(c, x, h, checked_mul(2, nv), false, p + ".in_proj_ba", Component::Attention);
     const ActRole role = B.info(qkvz).role;
     // fix_query_key_value_ordering + torch.cat((q, k, v)): the conv input.
     const TensorId mixed = B.copy(qkvz, c.tok(conv), p + ".mixed_qkv", role);
     const TensorId z = B.copy(qkvz, c.tok(vd), p + ".z", role);
     const TensorId cv = B.tensor(p + ".conv1d.out", c.tok(conv), role);
     Op& co = B.op(OpKind::Elementwise, p + ".conv1d", {mixed}, {cv}, {{mixed, false}});
-    co.flops = c.tok(2 * conv * K);
+    co.flops = c.tok(checked_mul(checked_mul(2, conv), K));
     {
         const std::size_t oi = B.block().ops.size() - 1;
         const auto w = B.param(p + ".conv1d.weight", {conv, 1, K}, Component::Attention, "conv1d");
@@ -443,7 +451,7 @@ TensorId gated_delta_net(Ctx& c, TensorId x) {
     const TensorId core = B.tensor(p + ".core_attn_out", c.tok(vd), role);
     Op& dr = B.op(OpKind::Elementwise, p + ".chunk_gated_delta_rule", {q, k, v, g, beta}, {core},
                   {{q, false}, {k, false}, {v, false}, {g, false}, {beta, false}});
-    dr.flops = c.tok(nv * 6 * dk * dv);  // state update and read-out per token and head (an estimate)
+    dr.flops = c.tok(checked_mul(checked_mul(nv, 6), checked_mul(dk, dv)));  // state update and read-out per token and head (an estimate)
     const TensorId normed = B.elementwise({core, z}, c.tok(vd), role, {core, z}, p + ".norm");
     {
         const std::size_t oi = B.block().ops.size() - 1;
@@ -723,9 +731,9 @@ Block embeddings_block(const S& s, const Names& n, DType dt, std::vector<std::st
     const bool proj = s.word_embed_proj_dim > 0 && s.word_embed_proj_dim != s.hidden;
     const std::int64_t edim = proj ? s.word_embed_proj_dim : s.hidden;
     TensorId x = B.embedding(ids, s.vocab, edim, n.embed, Component::Embeddings);
-    for (const auto& [pname, shape] : s.extra_params) {  // a VLM's vision tower and projector: parameters only
+    for (const auto& ep : s.extra_params) {  // a VLM's vision tower and projector: parameters only
         const std::size_t oi = B.block().ops.size() - 1;
-        const auto pi = B.param(pname, shape, Component::Other, leaf(pname));
+        const auto pi = B.param(ep.name, ep.shape, ep.component, leaf(ep.name));
         B.block().ops[oi].params.push_back(pi);
     }
     if (proj) x = linear(c, x, edim, s.hidden, false, "project_in", Component::Embeddings);
@@ -918,6 +926,12 @@ ModelGraph build_transformer(const TransformerSpec& s, DType weight_dtype) {
     d.encoder_decoder = s.model_type == "t5";
     d.sliding_window = s.sliding_window;
     d.sliding_layers = s.sliding_layers;
+    d.attention_chunk = s.attention_chunk;
+    d.chunked_layers = s.chunked_layers;
+    if (s.attention_chunk > 0)
+        g.notes.push_back("chunked local attention (" + std::to_string(s.attention_chunk) +
+                          "-token chunks) on the RoPE layers: serving engines page it by chunk (gpumem serving); generate()'s KV cache is "
+                          "counted in full on every layer, an over-estimate past one chunk");
     if (s.pos == S::Pos::Rotary && !s.mla)
         d.rotary_dim = std::min(s.head_dim, static_cast<std::int64_t>(static_cast<double>(s.head_dim) * s.rotary_pct));
     d.rope_configs = s.model_type == "gemma3_text" ? 2 : 1;  // Gemma3TextModel: rotary_emb and rotary_emb_local

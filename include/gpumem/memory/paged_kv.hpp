@@ -17,7 +17,9 @@
 // of L tokens needs cdiv(L, bs) blocks in a full group and cdiv(min(W - 1 +
 // max_num_batched_tokens, L), bs) + 1 in a sliding one (kv_cache_interface.py
 // L251-270); MLA caches one latent of kv_lora_rank + rope dims per token and
-// layer, unsplit by tensor parallelism; linear-attention layers (Qwen3-Next's
+// layer, unsplit by tensor parallelism; chunked local layers (Llama 4's RoPE
+// layers) keep cdiv(min(chunk + max_num_batched_tokens, L), bs) blocks per
+// request (ChunkedLocalAttentionSpec); linear-attention layers (Qwen3-Next's
 // gated DeltaNet) hold one state page per request, the attention block size
 // raised until its page holds that state (models/config.py
 // HybridAttentionMambaModelConfig). docs/research/vllm_hybrid.md.

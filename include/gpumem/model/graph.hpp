@@ -198,6 +198,10 @@ struct TransformerDims {
     // page those layers' KV by the window (memory/paged_kv.hpp).
     std::int64_t sliding_window = 0;
     std::vector<bool> sliding_layers;
+    // Chunked local attention (Llama 4's RoPE layers): the chunk and which
+    // layers use it; vLLM pages those layers' KV by chunk + batched tokens.
+    std::int64_t attention_chunk = 0;
+    std::vector<bool> chunked_layers;
     // Rotary position embedding: the rotated dimensions per head (0: none or
     // not modelled, e.g. MLA's scaled rope), how many distinct RoPE configs
     // (Gemma 3: local and global bases) and whether kept in fp32 (gpt-oss);

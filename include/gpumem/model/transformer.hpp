@@ -110,6 +110,10 @@ struct TransformerSpec {
     std::vector<bool> linear_attn_layers;  // empty: none
     std::int64_t linear_k_heads = 0, linear_v_heads = 0, linear_k_dim = 0, linear_v_dim = 0, linear_conv_kernel = 0;
     bool attn_output_gate = false;      // qwen3_next: q_proj also emits a sigmoid gate on the attention output
+    // Chunked local attention (Llama 4): the layers that attend within
+    // chunks of attention_chunk tokens (the RoPE layers; the NoPE ones are global).
+    std::int64_t attention_chunk = 0;
+    std::vector<bool> chunked_layers;
 
     // Multi-head latent attention (deepseek v2/v3).
     bool mla = false;
@@ -122,7 +126,14 @@ struct TransformerSpec {
     std::optional<WeightQuant> weight_quant;  // quantization_config
     // Parameters outside the language model (a VLM's vision tower and
     // projector): name and shape, held with the embeddings.
-    std::vector<std::pair<std::string, std::vector<std::int64_t>>> extra_params;
+    // `component` Attention or Mlp: split over tensor parallelism (first
+    // dimension) as the engines shard the tower; Other: whole on every rank.
+    struct ExtraParam {
+        std::string name;
+        std::vector<std::int64_t> shape;
+        Component component = Component::Other;
+    };
+    std::vector<ExtraParam> extra_params;
     std::vector<std::string> notes;     // defaults applied, assumptions
 };
 
