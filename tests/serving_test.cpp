@@ -466,3 +466,38 @@ TEST(Serving, Llama4WeightsPerRank) {
     ASSERT_FALSE(bad.ok());
     EXPECT_NE(bad.error().message.find("chunked local attention"), std::string::npos) << bad.error().message;
 }
+
+// vLLM --cpu-offload-gb X: "the space in GiB to offload to CPU, per GPU"
+// (vLLM's engine-argument help): each GPU's weights shrink by X GiB (at tensor
+// granularity; gpumem takes X) and the host holds X GiB pinned per GPU.
+TEST(Serving, VllmCpuOffload) {
+    EstimateRequest job;
+    job.model = "llama-3.1-8b";
+    job.gpu = "RTX-4090";
+    job.parallel.tp = 2;
+    ServingOptions o;
+    o.max_model_len = 8192;
+    const auto base = serving_memory(job, o);
+    ASSERT_TRUE(base.ok()) << base.error().message;
+    o.cpu_offload_gb = 2.5;
+    const auto off = serving_memory(job, o);
+    ASSERT_TRUE(off.ok()) << off.error().message;
+    EXPECT_EQ((base.value().per_gpu.weights - off.value().per_gpu.weights).count(), 2684354560);  // 2.5 x 2^30
+    ASSERT_TRUE(off.value().host.has_value());
+    EXPECT_EQ(off.value().host->total.count(), 2 * 2684354560LL);
+    EXPECT_GT(off.value().kv_cache_tokens, base.value().kv_cache_tokens);
+    // The same from vLLM's own command line; other engines refuse the flag.
+    ServingOptions cmd;
+    cmd.command = {"vllm", "serve", "llama-3.1-8b", "--max-model-len", "8192", "-tp", "2", "--cpu-offload-gb", "2.5"};
+    EstimateRequest j2;
+    j2.gpu = "RTX-4090";
+    const auto c = serving_memory(j2, cmd);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c.value().per_gpu.weights, off.value().per_gpu.weights);
+    cmd.command = {"vllm", "serve", "llama-3.1-8b", "--cpu-offload-gb", "lots"};
+    EXPECT_FALSE(serving_memory(j2, cmd).ok());
+    ServingOptions sg;
+    sg.engine = Engine::SGLang;
+    sg.cpu_offload_gb = 1;
+    EXPECT_FALSE(serving_memory(job, sg).ok());
+}

@@ -233,6 +233,16 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
             o.kv_cache_memory = Bytes(engine_args::to_int("vllm", a, f.value()));
         } else if (a == "--enforce-eager") {
             o.enforce_eager = true;
+        } else if (a == "--cpu-offload-gb") {
+            const std::string v = f.value();
+            try {
+                std::size_t used = 0;
+                const double gb = std::stod(v, &used);
+                check(used == v.size() && gb >= 0 && gb < 1e6, "cpu-offload-gb", "vllm --cpu-offload-gb " + v + ": give GiB as a number >= 0");
+                o.cpu_offload_gb = gb;
+            } catch (const std::logic_error&) {
+                fail(ErrorCode::InvalidArgument, "cpu-offload-gb", "vllm --cpu-offload-gb " + v + ": give GiB as a number >= 0");
+            }
         } else if (a == "--enable-prefix-caching" || a == "--no-enable-prefix-caching") {
             o.enable_prefix_caching = a == "--enable-prefix-caching";
         } else if (a == "--kv-cache-dtype") {
@@ -252,7 +262,7 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
             fail(ErrorCode::InvalidArgument, "command",
                  "vllm " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--max-model-len, --tensor-parallel-size, "
                  "--pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --block-size, --kv-cache-dtype, "
-                 "--kv-cache-memory, --dtype, --enforce-eager, --enable-prefix-caching)");
+                 "--kv-cache-memory, --dtype, --enforce-eager, --enable-prefix-caching, --cpu-offload-gb)");
         }
     }
 }
@@ -839,6 +849,8 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
               "engine", "--n-gpu-layers, --ctx-size, --ubatch-size, --flash-attn, --cache-type-k/v, --tensor-split, --split-mode, --no-mmap, "
                         "--no-kv-offload and --kv-unified are llama.cpp's (--engine llama.cpp)");
         check(!job.model.empty(), "model", "serving: name a model (preset, config.json or model folder), or give the engine's command line after --");
+        check(!o.cpu_offload_gb || o.engine.value_or(Engine::VLLM) == Engine::VLLM, "cpu-offload-gb",
+              "--cpu-offload-gb is modelled for vLLM only (--engine vllm)");
         const ModelGraph g = take(load_model(job.model));
         check(g.transformer.has_value(), "model", "serving needs a transformer model (its layers, heads and vocabulary)");
         const TransformerDims& d = *g.transformer;
@@ -896,6 +908,20 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         Bytes nccl_comm;
         ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
         adjust_served_weights(g, o, sv, par, out);
+        // --cpu-offload-gb (model_executor/models/utils.py maybe_offload_to_cpu):
+        // the decoder layers' parameters, one after another, move to pinned
+        // host memory until X GiB per GPU are there (the last one may pass X).
+        Bytes offloaded;
+        if (o.cpu_offload_gb && *o.cpu_offload_gb > 0) {
+            const Bytes x = Bytes(static_cast<std::int64_t>(std::ceil(*o.cpu_offload_gb * 1073741824.0)));
+            for (auto& st : par.stages) {
+                const Bytes off = std::min(x, st.weights);
+                st.weights = st.weights - off;
+                offloaded = std::max(offloaded, off);
+            }
+            out.assumptions.push_back("--cpu-offload-gb " + gib(x) + ": that much of each GPU's weights in pinned host memory (vLLM offloads whole tensors, so "
+                                      "up to one more tensor), streamed to the GPU every step");
+        }
         const Bytes nccl = tp_buffers(gpu, tp, pp, nccl_comm);
         const bool nvswitch_gen = gpu.arch == "hopper" || gpu.arch == "blackwell";
         if (tp > 1)
@@ -960,13 +986,18 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
             ranks.push_back(r);
         }
         if (o.kv_cache_memory) out.assumptions.push_back("--kv-cache-memory " + gib(*o.kv_cache_memory) + " GiB: the KV budget as given (gpu_memory_utilization ignored)");
-        if (v0) {
+        if (v0 || offloaded > Bytes(0)) {
             // V0's CPU swap space: --swap-space 4 GiB of pinned host memory per worker (cache_engine.py).
             ServingHost h;
-            h.kv_cache = GiB(4) * (tp * pp);
-            h.total = h.kv_cache;
+            if (v0) h.kv_cache = GiB(4) * (tp * pp);
+            h.model = offloaded * (tp * pp);
+            h.total = h.kv_cache + h.model;
             out.host = h;
-            out.assumptions.push_back("host RAM: V0's swap space, 4 GiB pinned per worker (--swap-space default)");
+            if (v0) out.assumptions.push_back("host RAM: V0's swap space, 4 GiB pinned per worker (--swap-space default)");
+        } else {
+            out.assumptions.push_back("host RAM: vLLM V1 keeps no KV cache on the CPU (preempted requests are recomputed); the processes' own memory is not counted");
+            ServingHost h;
+            out.host = h;
         }
         if (o.enforce_eager) out.assumptions.push_back("--enforce-eager: no CUDA graphs");
         else out.assumptions.push_back("CUDA graphs (an estimate): the largest captured batch's MLP working set");
