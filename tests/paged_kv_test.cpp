@@ -322,3 +322,57 @@ TEST(PagedKv, ChunkedLocalAttentionLlama4) {
     r.max_model_len = 65536;
     EXPECT_EQ(paged_kv_cache(*g.transformer, r).value().blocks_per_request, 4096 + 3 * 1024);
 }
+
+// Three small presets by their modules (transformers modeling_gemma2.py,
+// modeling_gemma3.py, modeling_phi3.py): Gemma-2-2B-it (tied 256,000 x 2304,
+// 26 layers of 8 heads and 4 KV heads of 256, MLP 9216, four norms a layer;
+// the model card: 2.61B), Gemma-3-1B-it (tied 262,144 x 1152, 26 layers of
+// 4 heads and 1 KV head of 256 with q/k norms, MLP 6912, four norms; 1B) and
+// Phi-3.5-mini-instruct (untied 32,064 x 3072, 32 layers with fused qkv and
+// gate_up, MLP 8192, two norms; 3.8B).
+TEST(Presets, SmallModelsCountByFormula) {
+    {
+        const std::int64_t V = 256000, H = 2304, L = 26, I = 9216;
+        EXPECT_EQ(load_model("gemma-2-2b-it").value().total_params(), V * H + L * (H * 8 * 256 + 2 * H * 4 * 256 + 8 * 256 * H + 3 * H * I + 4 * H) + H);
+    }
+    {
+        const std::int64_t V = 262144, H = 1152, L = 26, I = 6912;
+        EXPECT_EQ(load_model("gemma-3-1b-it").value().total_params(),
+                  V * H + L * (H * 4 * 256 + 2 * H * 256 + 4 * 256 * H + 3 * H * I + 4 * H + 2 * 256) + H);
+    }
+    {
+        const std::int64_t V = 32064, H = 3072, L = 32, I = 8192;
+        EXPECT_EQ(load_model("phi-3.5-mini-instruct").value().total_params(), 2 * V * H + L * (4 * H * H + 3 * H * I + 2 * H) + H);
+    }
+}
+
+// Every v0.19 log of tests/fixtures/groundtruth/vllm_hybrid_logs.json with a
+// logged block count and a preset for its model (sliding-window, chunked-local
+// and MLA layouts): from the logged blocks, the logged "GPU KV cache size"
+// tokens exactly and "Maximum concurrency" to its two decimals.
+TEST(PagedKv, HybridLogsFromLoggedBlocks) {
+    const auto fx = test::read_json("tests/fixtures/groundtruth/vllm_hybrid_logs.json");
+    int checked = 0;
+    for (const auto& row : fx["rows"]) {
+        if (row["num_gpu_blocks"].is_null()) continue;
+        const auto g = load_model(row["model"].get<std::string>());
+        if (!g.ok()) continue;  // no preset for the model
+        const auto& st = row["settings"];
+        PagedKvRequest r;
+        r.tp = row["tp"].get<std::int64_t>();
+        r.max_model_len = st["max_model_len"].get<std::int64_t>();
+        r.max_num_batched_tokens = st["max_num_batched_tokens"].get<std::int64_t>();
+        r.available = {Bytes(std::int64_t{1} << 40)};
+        const auto probe = paged_kv_cache(*g.value().transformer, r);
+        ASSERT_TRUE(probe.ok()) << row["id"] << ": " << probe.error().message;
+        const std::int64_t blocks = row["num_gpu_blocks"].get<std::int64_t>();
+        r.available = {probe.value().stages[0].page * checked_mul(blocks, probe.value().group_size)};
+        const auto res = paged_kv_cache(*g.value().transformer, r);
+        ASSERT_TRUE(res.ok());
+        EXPECT_EQ(res.value().num_blocks, blocks) << row["id"];
+        EXPECT_EQ(res.value().kv_cache_tokens, row["kv_tokens"].get<std::int64_t>()) << row["id"];
+        EXPECT_NEAR(res.value().max_concurrency, row["max_concurrency"].get<double>(), 0.005) << row["id"];
+        ++checked;
+    }
+    EXPECT_GE(checked, 7);  // Gemma 2 (2B, 9B), Gemma 3 (4B, 27B), Llama 4 Scout, gpt-oss-20b, DeepSeek-V2-Lite
+}
