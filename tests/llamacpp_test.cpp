@@ -431,3 +431,65 @@ TEST(LlamaCpp, DecodeRoofline) {
     const double weights = 4403.49 * 1048576.0, mean_ctx = 3840.0 + 128.0, cell = 32.0 * 2 * 1024 * 2;
     EXPECT_NEAR(j["throughput"][0]["decode_tokens_per_second"].get<double>(), 0.8 * 1008e9 / (weights + mean_ctx * cell), 0.5);
 }
+
+// Every file type llama-quantize makes (K-quants, IQ1-IQ4, TQ, Q2_K_S,
+// MXFP4_MOE), tensor by tensor, against llama.cpp's own snapshot test
+// (tests/fixtures/groundtruth/llamacpp_quant_mix.json: tests/snapshots at
+// a95a11e5b834, written without an importance matrix) for the models gpumem
+// has as presets: each quantized tensor gets the snapshot's type, or the
+// section's default where the snapshot names none, and every tensor the
+// snapshot names exists.
+TEST(LlamaCpp, QuantMixMatchesLlamaCppSnapshots) {
+    const auto fx = test::read_json("tests/fixtures/groundtruth/llamacpp_quant_mix.json");
+    int sections = 0;
+    for (const auto& [model, m] : fx["models"].items()) {
+        const ModelGraph g = load_model(m["preset"].get<std::string>()).value();
+        for (const auto& [ftype, sec] : m["sections"].items()) {
+            const auto built = llama_model_from_graph(g, ftype, false, false);
+            ASSERT_TRUE(built.ok()) << model << " " << ftype << ": " << built.error().message;
+            std::map<std::string, std::string> ours;
+            for (const auto& t : built.value().tensors)
+                if (t.ne.size() >= 2 && t.name.find("ffn_gate_inp") == std::string::npos && t.name.find("position_embd") == std::string::npos)
+                    ours[t.name] = t.type->name;
+            int wrong = 0;
+            for (const auto& [name, type] : ours) {
+                const auto it = sec["tensors"].find(name);
+                const std::string want = it != sec["tensors"].end() ? it->get<std::string>() : sec["default"].get<std::string>();
+                if (type != want && ++wrong <= 3) ADD_FAILURE() << model << " " << ftype << " " << name << ": " << type << ", llama.cpp " << want;
+            }
+            for (const auto& [name, type] : sec["tensors"].items())
+                if (!ours.count(name) && ++wrong <= 3) ADD_FAILURE() << model << " " << ftype << ": no tensor " << name << " (llama.cpp " << type.get<std::string>() << ")";
+            ++sections;
+        }
+    }
+    EXPECT_EQ(sections, 4 * 33);
+}
+
+// Public llama.cpp load logs of files made with llama-quantize's mixes
+// ("llama_model_loader: - type X: N tensors"; f32 not compared): lmstudio-
+// community's Meta-Llama-3-8B-Instruct IQ3_M (q4_K 68, q6_K 1, iq3_s 157;
+// a public notes repository, search-index id 23917178211), bartowski's
+// Phi-3-mini-based sum-small IQ1_S, made with an importance matrix before
+// #19770 (q2_K 5, q5_K 1, iq2_xxs 32, iq1_s 92; an LM Studio log, id
+// 67227775119), and ggml-org's gpt-oss-20b MXFP4_MOE (q8_0 98, mxfp4 72;
+// llama.cpp load logs, ids 38767054125, 59932672849).
+TEST(LlamaCpp, IqAndMxfp4MixesMatchPublicLogs) {
+    struct Case {
+        const char* preset;
+        const char* ftype;
+        bool old_qkv;
+        std::map<std::string, std::int64_t> counts;
+    };
+    const std::vector<Case> cases = {
+        {"llama-3-8b", "IQ3_M", false, {{"q4_K", 68}, {"q6_K", 1}, {"iq3_s", 157}}},
+        {"phi-3-mini", "IQ1_S", true, {{"q2_K", 5}, {"q5_K", 1}, {"iq2_xxs", 32}, {"iq1_s", 92}}},
+        {"gpt-oss-20b", "MXFP4_MOE", false, {{"q8_0", 98}, {"mxfp4", 72}}},
+    };
+    for (const auto& c : cases) {
+        const LlamaModel m = llama_model_from_graph(load_model(c.preset).value(), c.ftype, c.old_qkv).value();
+        std::map<std::string, std::int64_t> got;
+        for (const auto& [t, n] : tensor_type_counts(m))
+            if (t != "f32") got[t] = n;
+        EXPECT_EQ(got, c.counts) << c.preset << " " << c.ftype;
+    }
+}

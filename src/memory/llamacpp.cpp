@@ -52,11 +52,22 @@ constexpr FileType kFileTypes[] = {
     {"Q5_0", 8, "q5_0"},     {"Q5_1", 9, "q5_1"},     {"Q2_K", 10, "q2_K"},    {"Q3_K_S", 11, "q3_K"},  {"Q3_K_M", 12, "q3_K"},
     {"Q3_K_L", 13, "q3_K"},  {"Q4_K_S", 14, "q4_K"},  {"Q4_K_M", 15, "q4_K"},  {"Q5_K_S", 16, "q5_K"},  {"Q5_K_M", 17, "q5_K"},
     {"Q6_K", 18, "q6_K"},    {"IQ4_NL", 25, "iq4_nl"}, {"IQ4_XS", 30, "iq4_xs"}, {"BF16", 32, "bf16"},
+    // L792-834: IQ3_XS and IQ3_M on iq3_s, IQ2_S on iq2_xs, IQ2_M on iq2_s.
+    {"IQ2_XXS", 19, "iq2_xxs"}, {"IQ2_XS", 20, "iq2_xs"}, {"Q2_K_S", 21, "q2_K"}, {"IQ3_XS", 22, "iq3_s"}, {"IQ3_XXS", 23, "iq3_xxs"},
+    {"IQ1_S", 24, "iq1_s"},     {"IQ3_S", 26, "iq3_s"},   {"IQ3_M", 27, "iq3_s"}, {"IQ2_S", 28, "iq2_xs"}, {"IQ2_M", 29, "iq2_s"},
+    {"IQ1_M", 31, "iq1_m"},     {"TQ1_0", 36, "tq1_0"},   {"TQ2_0", 37, "tq2_0"}, {"MXFP4_MOE", 38, "mxfp4"},
 };
 // Names of the other llama_ftype values, for the error and for files.
-constexpr std::pair<int, const char*> kOtherFileTypes[] = {
-    {19, "IQ2_XXS"}, {20, "IQ2_XS"}, {21, "Q2_K_S"}, {22, "IQ3_XS"}, {23, "IQ3_XXS"}, {24, "IQ1_S"}, {26, "IQ3_S"},
-    {27, "IQ3_M"},   {28, "IQ2_S"},  {29, "IQ2_M"},  {31, "IQ1_M"},  {36, "TQ1_0"},   {37, "TQ2_0"},  {38, "MXFP4_MOE"}};
+constexpr std::pair<int, const char*> kOtherFileTypes[] = {{39, "NVFP4"}, {40, "Q1_0"}};
+
+// llama-quantize refuses these without an importance matrix (L767-786,
+// L1038-1049), so real files of them were made with one.
+bool needs_imatrix(std::string_view f) {
+    return f == "IQ1_S" || f == "IQ1_M" || f == "IQ2_XXS" || f == "IQ2_XS" || f == "IQ2_S" || f == "IQ2_M" || f == "IQ3_XXS" || f == "IQ3_XS" ||
+           f == "Q2_K_S";
+}
+// The IQ1/IQ2 file types' own branch of the rules (L487-510).
+bool iq12(std::string_view f) { return f == "IQ1_S" || f == "IQ1_M" || f == "IQ2_XXS" || f == "IQ2_XS" || f == "IQ2_S" || f == "IQ2_M"; }
 
 const FileType* file_type_named(std::string_view n) {
     const std::string u = upper(n);
@@ -84,32 +95,62 @@ struct MixContext {
     std::int64_t n_layer = 0, n_gqa = 1, n_expert = 0;
     bool is_70b = false;
     bool old_qkv_rule = false;
+    bool imatrix = false;  // an importance matrix was given (qs.has_imatrix)
 };
 
-// llama_tensor_get_type (L439-632) for the file types this models, without an
-// importance matrix, --pure or overrides.
-const GgmlType& mix_type(const MixContext& c, Cat cat, std::int64_t i) {
+// llama_tensor_get_type (L411-658) without --pure or overrides. `experts`:
+// a 3-D tensor of routed experts (ne[2] > 1). The IQ1/IQ2 types' ffn_down
+// rule counts tensors in file order and is applied by the caller.
+const GgmlType& mix_type(const MixContext& c, Cat cat, std::int64_t i, bool experts = false) {
     const std::string f = c.ft->name;
     const GgmlType& base = type_named(c.ft->base);
     const bool quantized = f != "F32" && f != "F16" && f != "BF16";
     if (!quantized || cat == Cat::Router) return base;
     const auto T = [](const char* n) -> const GgmlType& { return type_named(n); };
+    const bool E8 = c.n_expert == 8;
+    if (cat == Cat::Output) {  // L439-461 (and token_embd when there is no output.weight)
+        if (f == "MXFP4_MOE") return T("q8_0");
+        if (iq12(f) || f == "IQ3_XXS") return T("q5_K");
+        return f == "Q8_0" ? base : T("q6_K");
+    }
+    if (f == "MXFP4_MOE") return experts ? T("mxfp4") : T("q8_0");  // L461-468
+    if (cat == Cat::TokenEmbd) {  // L469-486: an untied token_embd
+        if (f == "IQ2_XXS" || f == "IQ2_XS" || f == "IQ1_S" || f == "IQ1_M") return T("q2_K");
+        if (f == "IQ2_S" || f == "IQ2_M" || f == "IQ3_XXS") return T("iq3_s");
+        if (f == "TQ1_0" || f == "TQ2_0") return T("q4_K");
+        return base;
+    }
+    if (iq12(f)) {  // L487-510
+        const GgmlType& lo = T(f == "IQ2_S" || f == "IQ2_M" ? "iq3_s" : "q2_K");
+        if (cat == Cat::AttnV || cat == Cat::AttnQkv) {
+            if (cat == Cat::AttnQkv && c.old_qkv_rule) return base;
+            return c.n_gqa >= 4 || c.n_expert >= 4 ? T("q4_K") : lo;
+        }
+        if (E8 && cat == Cat::AttnK) return T("q4_K");
+        if (cat == Cat::AttnOutput) {
+            if (E8) return T("q5_K");
+            if (f == "IQ1_S" || f == "IQ1_M") return T("iq2_xxs");
+            if (f == "IQ2_S" || f == "IQ2_M") return T("iq3_s");
+        }
+        return base;
+    }
     switch (cat) {
-        case Cat::Output:  // L439-461 (and token_embd when there is no output.weight)
-            return f == "Q8_0" ? base : T("q6_K");
-        case Cat::TokenEmbd:  // L469-488: untied token_embd keeps the base type
-            return base;
         case Cat::AttnV:
         case Cat::AttnQkv: {
             if (cat == Cat::AttnQkv && c.old_qkv_rule) {  // before #19770 (2026-03-10)
                 if (f == "Q3_K_M" || f == "Q3_K_L") return T("q4_K");
                 if (f == "Q4_K_M") return T("q5_K");
                 if (f == "Q5_K_M") return T("q6_K");
+                if (f == "IQ3_M") return T("q4_K");
                 return base;
             }
             // L511-548
             const GgmlType* t = &base;
             if (f == "Q2_K") t = &T(c.n_gqa >= 4 ? "q4_K" : "q3_K");
+            else if (f == "Q2_K_S" && c.n_gqa >= 4) t = &T("q4_K");
+            else if (f == "IQ3_XXS") t = &T(c.n_gqa >= 4 ? "q4_K" : c.imatrix ? "iq3_xxs" : "iq3_s");
+            else if ((f == "IQ3_XS" || f == "IQ3_S") && c.n_gqa >= 4) t = &T("q4_K");
+            else if (f == "IQ3_M") t = &T("q4_K");
             else if (f == "Q3_K_M") t = &T(i < 2 ? "q5_K" : "q4_K");
             else if (f == "Q3_K_L") t = &T("q5_K");
             else if ((f == "IQ4_XS" || f == "IQ4_NL") && c.n_gqa >= 4) t = &T("q5_K");
@@ -120,18 +161,40 @@ const GgmlType& mix_type(const MixContext& c, Cat cat, std::int64_t i) {
             return *t;
         }
         case Cat::AttnK:  // L549-560: 8-expert models keep K in q8_0
-            return c.n_expert == 8 ? T("q8_0") : base;
+            if (E8) return T("q8_0");
+            if (f == "IQ3_XS") return T("iq3_xxs");
+            if (f == "IQ3_XXS") return T("iq2_s");
+            return base;
+        case Cat::AttnQ:  // L561-567
+            if (f == "IQ3_XS") return T("iq3_xxs");
+            if (f == "IQ3_XXS") return T("iq2_s");
+            return base;
         case Cat::FfnDown:  // L568-612
             if (f == "Q2_K") return T("q3_K");
+            if (f == "Q2_K_S") return i < c.n_layer / 8 ? T("q4_K") : base;
+            if (f == "IQ3_XXS" && !c.imatrix) return T(i < c.n_layer / 8 ? "q4_K" : "q3_K");
             if (f == "Q3_K_M") return T(i < c.n_layer / 16 ? "q5_K" : "q4_K");
+            if (f == "IQ3_M" && (i < c.n_layer / 8 || (E8 && use_more_bits(i, c.n_layer)))) return T("q4_K");
             if (f == "Q3_K_L") return T("q5_K");
             if ((f == "Q4_K_M" || f == "Q5_K_M") && use_more_bits(i, c.n_layer)) return T("q6_K");
             if ((f == "Q4_K_S" || f == "IQ4_XS" || f == "IQ4_NL") && i < c.n_layer / 8) return T("q5_K");
             return base;
         case Cat::AttnOutput:  // L613-632
+            if (E8) {
+                static const char* const kE8[] = {"Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS"};
+                for (const char* k : kE8)
+                    if (f == k) return T("q5_K");
+                return base;
+            }
             if (f == "Q2_K") return T("q3_K");
+            if (f == "IQ3_XXS") return T("iq3_s");
             if (f == "Q3_K_M") return T("q4_K");
             if (f == "Q3_K_L") return T("q5_K");
+            if (f == "IQ3_M") return T("q4_K");
+            return base;
+        case Cat::FfnGate:  // L640-655: IQ3_XS's middle layers
+        case Cat::FfnUp:
+            if (f == "IQ3_XS" && i >= c.n_layer / 8 && i < 7 * c.n_layer / 8) return T("iq3_xxs");
             return base;
         default:
             return base;
@@ -142,7 +205,9 @@ const GgmlType& mix_type(const MixContext& c, Cat cat, std::int64_t i) {
 const GgmlType& row_compatible(const GgmlType& t, std::int64_t ne0) {
     if (ne0 % t.block == 0) return t;
     static const std::map<std::string, std::string> kFallback = {
-        {"q4_K", "q5_0"}, {"q5_K", "q5_1"}, {"q6_K", "q8_0"}, {"q2_K", "q4_0"}, {"q3_K", "q4_0"}, {"iq4_xs", "iq4_nl"}};
+        {"q4_K", "q5_0"},     {"q5_K", "q5_1"},    {"q6_K", "q8_0"},     {"q2_K", "q4_0"},     {"q3_K", "q4_0"},    {"iq4_xs", "iq4_nl"},
+        {"iq1_s", "iq4_nl"},  {"iq1_m", "iq4_nl"}, {"iq2_xxs", "iq4_nl"}, {"iq2_xs", "iq4_nl"}, {"iq2_s", "iq4_nl"}, {"iq3_xxs", "iq4_nl"},
+        {"iq3_s", "iq4_nl"},  {"tq1_0", "q4_0"},   {"tq2_0", "q4_0"}};
     const auto it = kFallback.find(t.name);
     const GgmlType* f = it != kFallback.end() ? ggml_type_by_name(it->second) : nullptr;
     if (f && ne0 % f->block == 0) return *f;
@@ -196,7 +261,7 @@ std::vector<std::pair<std::string, std::int64_t>> tensor_type_counts(const Llama
     return out;
 }
 
-Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view file_type, bool old_qkv_rule) {
+Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view file_type, bool old_qkv_rule, std::optional<bool> imatrix) {
     return capture([&]() -> LlamaModel {
         check(g.transformer.has_value() && !g.transformer->encoder_decoder, "model", "llama.cpp serving needs a decoder-only transformer");
         const TransformerDims& d = *g.transformer;
@@ -207,8 +272,8 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
             std::string known;
             for (const auto& f : kFileTypes) known += std::string(known.empty() ? "" : ", ") + f.name;
             fail(ErrorCode::InvalidArgument, "quant",
-                 "--quant " + std::string(file_type) + ": the tensor mix of this GGUF file type is not modelled without the file (" + known +
-                     " are; IQ1/IQ2/IQ3 mixes need llama-quantize's importance matrix): give the .gguf file, whose header names every tensor's type");
+                 "--quant " + std::string(file_type) + ": not a GGUF file type llama-quantize makes (" + known +
+                     "): give the .gguf file, whose header names every tensor's type");
         }
         LlamaModel m;
         m.name = g.name;
@@ -232,9 +297,11 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
         mc.n_layer = d.layers;
         mc.n_gqa = d.kv_heads > 0 ? d.heads / d.kv_heads : 1;
         mc.n_expert = d.experts;
-        // LLM_TYPE_70B: llama-architecture models of 80 layers (llama-model.cpp @LC).
-        mc.is_70b = d.layers == 80 && (g.family == "llama" || g.family == "mistral");
+        // LLM_TYPE_70B (llama-model.cpp @LC L881-901, L1264-1280): llama models
+        // of 80 layers with grouped KV heads and not 8 experts, Qwen2 of 80.
+        mc.is_70b = d.layers == 80 && (((g.family == "llama" || g.family == "mistral") && d.kv_heads != d.heads && d.experts != 8) || g.family == "qwen2");
         mc.old_qkv_rule = old_qkv_rule;
+        mc.imatrix = imatrix.value_or(needs_imatrix(ft->name));
         const GgmlType& f32 = type_named("f32");
         const GgmlType& f16 = type_named(ft->id == 0 ? "f32" : ft->id == 32 ? "bf16" : "f16");
         std::uint64_t offset = 0;
@@ -268,8 +335,18 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
                         const bool conv1d = g.family == "gpt2";
                         std::vector<std::int64_t> ne = conv1d ? std::vector<std::int64_t>{p.shape[0], p.shape[1]} : std::vector<std::int64_t>{p.shape[1], p.shape[0]};
                         if (experts) ne.push_back(p.count);
-                        const GgmlType& want = role.cat == Cat::Router ? f32 : role.cat == Cat::Other ? f16 : mix_type(mc, role.cat, layer);
-                        const std::string nm = role.gguf[0] ? blk + role.gguf + (experts ? "_exps" : "") + ".weight" : blk + stem + ".weight";
+                        const GgmlType& want = role.cat == Cat::Router ? f32 : role.cat == Cat::Other ? f16 : mix_type(mc, role.cat, layer, experts);
+                        const bool shared = stem.find("shared_expert") != std::string::npos;
+                        if (experts && stem.size() >= 12 && stem.compare(stem.size() - 12, 12, "gate_up_proj") == 0 && ne[1] % 2 == 0) {
+                            // Fused experts (gpt-oss): the converter writes ffn_gate_exps and ffn_up_exps.
+                            std::vector<std::int64_t> half = ne;
+                            half[1] /= 2;
+                            add(body, blk + "ffn_gate_exps.weight", static_cast<int>(layer), row_compatible(mix_type(mc, Cat::FfnGate, layer, true), ne[0]), half);
+                            add(body, blk + "ffn_up_exps.weight", static_cast<int>(layer), row_compatible(mix_type(mc, Cat::FfnUp, layer, true), ne[0]), half);
+                            continue;
+                        }
+                        const std::string nm =
+                            role.gguf[0] ? blk + role.gguf + (experts ? "_exps" : shared ? "_shexp" : "") + ".weight" : blk + stem + ".weight";
                         add(body, nm, static_cast<int>(layer), row_compatible(want, ne[0]), ne);
                     }
                 }
@@ -319,6 +396,22 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
                 t.bytes = ggml_nbytes(*t.type, t.ne);
             }
         for (auto& t : body) m.fused_qkv = m.fused_qkv || t.name.find("attn_qkv") != std::string::npos;
+        // IQ1/IQ2: the first n_layer / 8 ffn_down tensors in llama-quantize's
+        // order (layer, then name: _exps before _shexp) take the lower type
+        // (L497-502, a raw counter over every ffn_down* tensor).
+        if (iq12(ft->name)) {
+            std::vector<LlamaTensor*> downs;
+            for (auto& t : body)
+                if (t.name.find("ffn_down") != std::string::npos && t.ne.size() >= 2) downs.push_back(&t);
+            std::stable_sort(downs.begin(), downs.end(), [](const LlamaTensor* a, const LlamaTensor* b) {
+                return a->layer != b->layer ? a->layer < b->layer : a->name < b->name;
+            });
+            const GgmlType& lo = type_named(std::string_view(ft->name) == "IQ2_S" || std::string_view(ft->name) == "IQ2_M" ? "iq3_s" : "q2_K");
+            for (std::size_t k = 0; k < downs.size() && static_cast<std::int64_t>(k) < d.layers / 8; ++k) {
+                downs[k]->type = &row_compatible(lo, downs[k]->ne[0]);
+                downs[k]->bytes = ggml_nbytes(*downs[k]->type, downs[k]->ne);
+            }
+        }
         for (auto& t : tail) body.push_back(std::move(t));
         for (auto& t : body) {  // the converter's order, each tensor aligned to 32 bytes (gguf.cpp L716-731)
             t.offset = offset;
@@ -326,7 +419,8 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
         }
         m.data_size = static_cast<std::int64_t>(offset);
         m.tensors = std::move(body);
-        m.notes.push_back("tensor types: llama-quantize's " + m.file_type + " mix without an importance matrix (llama-quant.cpp@a95a11e5b834" +
+        m.notes.push_back("tensor types: llama-quantize's " + m.file_type + " mix " + (mc.imatrix ? "with" : "without") +
+                          " an importance matrix" + (needs_imatrix(ft->name) && mc.imatrix ? " (it refuses this type without one)" : "") + " (llama-quant.cpp@a95a11e5b834" +
                           (old_qkv_rule ? ", fused attn_qkv by the rule before #19770" : "") + "); a downloaded file's own types may differ: give the .gguf to read them");
         return m;
     });

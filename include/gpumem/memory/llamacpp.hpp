@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -63,7 +64,10 @@ struct LlamaModel {
 // quantized before llama.cpp #19770 (2026-03) gave fused attn_qkv its own rule
 // (old_qkv_rule). Tensors in the converter's order (token_embd, blocks,
 // output_norm, output), offsets padded to 32 bytes.
-Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view file_type, bool old_qkv_rule);
+// `imatrix`: whether an importance matrix was used (default: where
+// llama-quantize requires one, IQ1/IQ2/IQ3_XXS/IQ3_XS/Q2_K_S).
+Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view file_type, bool old_qkv_rule,
+                                          std::optional<bool> imatrix = std::nullopt);
 // The model a GGUF header describes (its tensors' own types and offsets).
 Result<LlamaModel> llama_model_from_gguf(const GgufFile& f, std::string_view name);
 // "q4_K: 193, q6_K: 33, f32: 66" as llama_model_loader logs it: count per type, by ggml type id.
