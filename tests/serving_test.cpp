@@ -501,3 +501,24 @@ TEST(Serving, VllmCpuOffload) {
     sg.cpu_offload_gb = 1;
     EXPECT_FALSE(serving_memory(job, sg).ok());
 }
+
+// vLLM --data-parallel-size with --enable-expert-parallel: the routed experts
+// spread whole over tp x dp ranks (vLLM's EP group is tp x dp), the rest split
+// by tp as before. Qwen3-30B-A3B's experts are 48 layers x 128 x 3 x 2048 x
+// 768 bf16 = 57,982,058,496 B: at tp 4 a rank holds a quarter, with dp 2 and
+// EP an eighth, 7,247,757,312 B less. Without EP, replicas change nothing.
+TEST(Serving, VllmExpertParallelOverDataParallel) {
+    EstimateRequest job;
+    job.model = "qwen3-30b-a3b";
+    job.gpu = "H100";
+    job.parallel.tp = 4;
+    ServingOptions o;
+    o.max_model_len = 8192;
+    const Bytes base = serving_memory(job, o).value().per_gpu.weights;
+    o.data_parallel_size = 2;
+    EXPECT_EQ(serving_memory(job, o).value().per_gpu.weights, base);
+    o.enable_expert_parallel = true;
+    EXPECT_EQ((base - serving_memory(job, o).value().per_gpu.weights).count(), 48LL * 128 * 3 * 2048 * 768 * 2 / 8);
+    o.data_parallel_size = 3;  // 128 experts over 12 ranks
+    EXPECT_FALSE(serving_memory(job, o).ok());
+}

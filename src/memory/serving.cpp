@@ -243,6 +243,10 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
             } catch (const std::logic_error&) {
                 fail(ErrorCode::InvalidArgument, "cpu-offload-gb", "vllm --cpu-offload-gb " + v + ": give GiB as a number >= 0");
             }
+        } else if (a == "--data-parallel-size" || a == "-dp") {
+            o.data_parallel_size = engine_args::to_int("vllm", a, f.value());
+        } else if (a == "--enable-expert-parallel" || a == "-ep") {
+            o.enable_expert_parallel = true;
         } else if (a == "--enable-prefix-caching" || a == "--no-enable-prefix-caching") {
             o.enable_prefix_caching = a == "--enable-prefix-caching";
         } else if (a == "--kv-cache-dtype") {
@@ -262,7 +266,7 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
             fail(ErrorCode::InvalidArgument, "command",
                  "vllm " + a + " is not modelled by gpumem serving: drop it, or use the flags it models (--max-model-len, --tensor-parallel-size, "
                  "--pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --block-size, --kv-cache-dtype, "
-                 "--kv-cache-memory, --dtype, --enforce-eager, --enable-prefix-caching, --cpu-offload-gb)");
+                 "--kv-cache-memory, --dtype, --enforce-eager, --enable-prefix-caching, --cpu-offload-gb, --data-parallel-size, --enable-expert-parallel)");
         }
     }
 }
@@ -361,7 +365,7 @@ namespace {
 // Weights of each pipeline stage's ranks: gpumem's inference layout (each
 // rank's share of the tensor-parallel weights, the stage's layers).
 ParallelResult served_layout(const ModelGraph& g, const EstimateRequest& job, Precision prec, std::int64_t tp, std::int64_t pp, std::int64_t max_len,
-                             Bytes* nccl_per_communicator) {
+                             Bytes* nccl_per_communicator, std::int64_t ep_dp = 1) {
     EstimateRequest inf = job;
     inf.mode = Mode::Infer;
     inf.precision = prec;
@@ -371,7 +375,11 @@ ParallelResult served_layout(const ModelGraph& g, const EstimateRequest& job, Pr
     inf.analytic = true;
     inf.parallel.tp = tp;
     inf.parallel.pp = pp;
-    inf.parallel.gpus = tp * pp;
+    // Expert parallelism over tp x dp ranks (vLLM's EP group): each rank holds
+    // 1 / (tp x dp) of the experts' bytes, as gpumem's ep over dp with the
+    // experts split by tp gives.
+    inf.parallel.gpus = tp * pp * ep_dp;
+    inf.parallel.ep = ep_dp;
     const Job resolved = take(resolve_job(g, inf));
     *nccl_per_communicator = resolved.layout.cfg.nccl_per_communicator;
     return parallel_memory(g, resolved);
@@ -851,6 +859,8 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         check(!job.model.empty(), "model", "serving: name a model (preset, config.json or model folder), or give the engine's command line after --");
         check(!o.cpu_offload_gb || o.engine.value_or(Engine::VLLM) == Engine::VLLM, "cpu-offload-gb",
               "--cpu-offload-gb is modelled for vLLM only (--engine vllm)");
+        check((!o.data_parallel_size && !o.enable_expert_parallel) || o.engine.value_or(Engine::VLLM) == Engine::VLLM, "data-parallel-size",
+              "--data-parallel-size and --enable-expert-parallel are modelled for vLLM only (--engine vllm)");
         const ModelGraph g = take(load_model(job.model));
         check(g.transformer.has_value(), "model", "serving needs a transformer model (its layers, heads and vocabulary)");
         const TransformerDims& d = *g.transformer;
@@ -906,7 +916,17 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
                                   ", block_size " + std::to_string(out.block_size) + (o.block_size ? "" : " (vLLM's CUDA default)"));
 
         Bytes nccl_comm;
-        ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm);
+        const std::int64_t dp = o.data_parallel_size.value_or(1);
+        check(dp >= 1, "data-parallel-size", "--data-parallel-size must be a positive integer");
+        check(!o.enable_expert_parallel || d.experts > 0, "enable-expert-parallel", "--enable-expert-parallel needs a mixture-of-experts model");
+        if (o.enable_expert_parallel)
+            check(d.experts % (tp * dp) == 0, "enable-expert-parallel",
+                  "--enable-expert-parallel: the " + std::to_string(d.experts) + " experts do not split evenly over tp x dp = " + std::to_string(tp * dp) + " ranks");
+        ParallelResult par = served_layout(g, job, sv.prec, tp, pp, out.max_model_len, &nccl_comm, o.enable_expert_parallel ? dp : 1);
+        if (dp > 1)
+            out.assumptions.push_back("--data-parallel-size " + std::to_string(dp) + ": " + std::to_string(dp) + " engine replicas of tp " + std::to_string(tp) +
+                                      (o.enable_expert_parallel ? ", the experts spread over all " + std::to_string(tp * dp) + " ranks" : ", each holding all the weights") +
+                                      "; the KV cache figures are one replica's");
         adjust_served_weights(g, o, sv, par, out);
         // --cpu-offload-gb (model_executor/models/utils.py maybe_offload_to_cpu):
         // the decoder layers' parameters, one after another, move to pinned

@@ -248,6 +248,8 @@ struct ServingOptions {
     bool enforce_eager = false;                           // no CUDA graphs
     bool enable_prefix_caching = false;                   // vLLM --enable-prefix-caching (off for hybrid linear-attention models in 0.19)
     std::optional<double> cpu_offload_gb;                 // vLLM --cpu-offload-gb: GiB of each GPU's weights kept in pinned host memory (0)
+    std::optional<std::int64_t> data_parallel_size;       // vLLM --data-parallel-size: engine replicas (1)
+    bool enable_expert_parallel = false;                  // vLLM --enable-expert-parallel: routed experts over tp x dp ranks, whole
     std::optional<double> mem_fraction_static;            // SGLang --mem-fraction-static (its default rule by GPU and layout)
     std::optional<std::int64_t> max_total_tokens;         // SGLang --max-total-tokens: caps the KV pool
     std::optional<std::string> engine_version;            // whose defaults apply (vLLM "0.19"; SGLang "0.5.6" or "0.4.6")
