@@ -275,6 +275,19 @@ void read_sparse_layers(Reader& r, TransformerSpec& s) {
     }
 }
 
+// Qwen2-MoE / Qwen3-Next sparse blocks: routed experts and one shared expert
+// behind a sigmoid gate (Qwen2MoeSparseMoeBlock / Qwen3NextSparseMoeBlock),
+// with each config class's defaults.
+void read_qwen_moe(Reader& r, TransformerSpec& s, std::int64_t experts, std::int64_t top_k, std::int64_t moe_inter, std::int64_t shared_inter) {
+    s.experts = r.integer({"num_experts"}, experts, 0);
+    s.experts_per_token = r.integer({"num_experts_per_tok"}, top_k);
+    s.moe_intermediate = r.integer({"moe_intermediate_size"}, moe_inter);
+    s.shared_expert_intermediate = r.integer({"shared_expert_intermediate_size"}, shared_inter, 0);
+    s.shared_experts = s.shared_expert_intermediate > 0 ? 1 : 0;
+    s.shared_expert_gate = s.shared_experts > 0;
+    read_sparse_layers(r, s);
+}
+
 // Families whose modules follow LlamaForCausalLM (RMSNorm, rotary, gated MLP).
 void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     struct D {
@@ -394,13 +407,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
             const std::int64_t every = r.integer({"full_attention_interval"}, 4, 1);
             for (std::int64_t i = 0; i < s.layers; ++i) s.linear_attn_layers.push_back((i + 1) % every != 0);
         }
-        s.experts = r.integer({"num_experts"}, 512, 0);
-        s.experts_per_token = r.integer({"num_experts_per_tok"}, 10);
-        s.moe_intermediate = r.integer({"moe_intermediate_size"}, 512);
-        s.shared_expert_intermediate = r.integer({"shared_expert_intermediate_size"}, 512, 0);
-        s.shared_experts = s.shared_expert_intermediate > 0 ? 1 : 0;
-        s.shared_expert_gate = s.shared_experts > 0;
-        read_sparse_layers(r, s);
+        read_qwen_moe(r, s, 512, 10, 512, 512);
         r.note("qwen3_next: the checkpoint's multi-token-prediction (mtp.*) weights are not counted (transformers ignores them, "
                "vLLM loads them only for speculative decoding)");
     }
@@ -521,15 +528,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
         s.experts_per_token = r.integer({"num_experts_per_tok"}, 2);
         s.moe_intermediate = s.intermediate;
     }
-    if (type == "qwen2_moe") {
-        s.experts = r.integer({"num_experts"}, 60, 0);
-        s.experts_per_token = r.integer({"num_experts_per_tok"}, 4);
-        s.moe_intermediate = r.integer({"moe_intermediate_size"}, 1408);
-        s.shared_expert_intermediate = r.integer({"shared_expert_intermediate_size"}, 5632, 0);
-        s.shared_experts = s.shared_expert_intermediate > 0 ? 1 : 0;
-        s.shared_expert_gate = s.shared_experts > 0;
-        read_sparse_layers(r, s);
-    }
+    if (type == "qwen2_moe") read_qwen_moe(r, s, 60, 4, 1408, 5632);
     if (deepseek) {
         const bool v3 = type == "deepseek_v3" || type == "kimi_k2";
         s.mla = true;
@@ -704,6 +703,28 @@ WeightQuant read_quantization(const json& q, std::string_view origin) {
         bad("quant_method \"" + w.method + "\" is not modelled (fp8, compressed-tensors, gptq, awq, bitsandbytes, modelopt, mxfp4)");
     }
     return w;
+}
+
+// A vision-language config (Gemma 3, Llama 4): the language model from its
+// text_config, read as the family `text_type`.
+void read_text_config(const json& j, std::string_view origin, TransformerSpec& s, const char* family, const char* cls, const char* text_type) {
+    const auto tc = j.find("text_config");
+    if (tc == j.end() || !tc->is_object())
+        fail(ErrorCode::ParseError, "text_config", std::string(origin) + ": a " + family + " config needs a \"text_config\" object");
+    Reader r(*tc, origin, cls, s);
+    read_llama_like(r, s, text_type);
+    s.model_type = text_type;
+}
+
+// A vision tower's square image split into square patches.
+struct Patches {
+    std::int64_t image = 0, patch = 0, channels = 0;
+    [[nodiscard]] std::int64_t count() const { return checked_mul(image / patch, image / patch); }
+};
+Patches read_patches(Reader& v, std::int64_t image, std::int64_t patch) {
+    Patches p{v.integer({"image_size"}, image), v.integer({"patch_size"}, patch), v.integer({"num_channels"}, 3)};
+    if (p.image < p.patch) v.bad("patch_size", "must be at most image_size");
+    return p;
 }
 
 TransformerSpec parse(const json& j, std::string_view origin) {
@@ -974,20 +995,13 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         if (type == "gemma3") {
             // Gemma3ForConditionalGeneration: the language model from text_config,
             // the SigLIP vision tower and the projector as parameters only.
-            const auto tc = j.find("text_config");
-            if (tc == j.end() || !tc->is_object())
-                fail(ErrorCode::ParseError, "text_config", std::string(origin) + ": a gemma3 config needs a \"text_config\" object");
-            Reader r(*tc, origin, "Gemma3TextConfig", s);
-            read_llama_like(r, s, "gemma3_text");
-            s.model_type = "gemma3_text";
-            s.arch_class = "Gemma3ForConditionalGeneration";
+            read_text_config(j, origin, s, "gemma3", "Gemma3TextConfig", "gemma3_text");
             const auto vc = j.find("vision_config");
             if (vc != j.end() && vc->is_object()) {
                 Reader v(*vc, origin, "SiglipVisionConfig", s);
                 const std::int64_t vh = v.integer({"hidden_size"}, 768), vi = v.integer({"intermediate_size"}, 3072), vl = v.integer({"num_hidden_layers"}, 12);
-                const std::int64_t img = v.integer({"image_size"}, 224), patch = v.integer({"patch_size"}, 16), ch = v.integer({"num_channels"}, 3);
-                if (patch <= 0 || img < patch) v.bad("patch_size", "must be positive and at most image_size");
-                const std::int64_t patches = (img / patch) * (img / patch);
+                const Patches pg = read_patches(v, 224, 16);
+                const std::int64_t patch = pg.patch, ch = pg.channels, patches = pg.count();
                 // modeling_siglip.py SiglipVisionEmbeddings / SiglipEncoderLayer, modeling_gemma3.py Gemma3MultiModalProjector.
                 s.extra_params = {{"vision_tower.embeddings.patch_embedding.weight", {vh, ch, patch, patch}},
                                   {"vision_tower.embeddings.patch_embedding.bias", {vh}},
@@ -1013,22 +1027,17 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             // (modeling_llama4.py; docs/research/llama4.md section 2c). The
             // tower's linears are split over tensor parallelism as vLLM's
             // mllama4.py shards them (mm_encoder_tp_mode "weights").
-            const auto tc = j.find("text_config");
-            if (tc == j.end() || !tc->is_object())
-                fail(ErrorCode::ParseError, "text_config", std::string(origin) + ": a llama4 config needs a \"text_config\" object");
-            Reader r(*tc, origin, "Llama4TextConfig", s);
-            read_llama_like(r, s, "llama4_text");
-            s.model_type = "llama4_text";
+            read_text_config(j, origin, s, "llama4", "Llama4TextConfig", "llama4_text");
             const auto vc = j.find("vision_config");
             if (vc != j.end() && vc->is_object()) {
                 Reader v(*vc, origin, "Llama4VisionConfig", s);
                 const std::int64_t D = v.integer({"hidden_size"}, 768), Iv = v.integer({"intermediate_size"}, 5632), Lv = v.integer({"num_hidden_layers"}, 34);
-                const std::int64_t img = v.integer({"image_size"}, 448), patch = v.integer({"patch_size"}, 14), ch = v.integer({"num_channels"}, 3);
+                const Patches pg = read_patches(v, 448, 14);
+                const std::int64_t patch = pg.patch, ch = pg.channels;
                 const std::int64_t pin = v.integer({"projector_input_dim"}, 4096), pout = v.integer({"projector_output_dim"}, 4096);
                 const std::int64_t vout = v.integer({"vision_output_dim"}, 7680);
-                if (patch <= 0 || img < patch) v.bad("patch_size", "must be positive and at most image_size");
                 const bool pbias = v.boolean({"multi_modal_projector_bias"}, false);
-                const std::int64_t positions = checked_add(checked_mul(img / patch, img / patch), 1);
+                const std::int64_t positions = checked_add(pg.count(), 1);
                 using C = Component;
                 s.extra_params = {{"vision_model.patch_embedding.linear.weight", {D, checked_mul(ch, checked_mul(patch, patch))}, C::Attention},
                                   {"vision_model.class_embedding", {D}},
