@@ -376,3 +376,13 @@ TEST(PagedKv, HybridLogsFromLoggedBlocks) {
     }
     EXPECT_GE(checked, 7);  // Gemma 2 (2B, 9B), Gemma 3 (4B, 27B), Llama 4 Scout, gpt-oss-20b, DeepSeek-V2-Lite
 }
+
+// Mistral-Small-24B-Instruct-2501 (MistralForCausalLM): untied 131,072 x 5120
+// embeddings, 40 layers of 32 heads and 8 KV heads of 128, MLP 32768, two
+// norms a layer, a final norm; an evaluation record lists 23.572B.
+TEST(Presets, MistralSmallCountByFormula) {
+    const std::int64_t V = 131072, H = 5120, L = 40, I = 32768;
+    const std::int64_t expect = 2 * V * H + L * (H * 32 * 128 + 2 * H * 8 * 128 + 32 * 128 * H + 3 * H * I + 2 * H) + H;
+    EXPECT_EQ(load_model("mistral-small-24b-instruct-2501").value().total_params(), expect);
+    EXPECT_NEAR(static_cast<double>(expect) / 1e9, 23.572, 0.0005);
+}
