@@ -1,4 +1,4 @@
-// Internal to the serving engines (serving.cpp, llamacpp.cpp): reading an
+// Internal to the serving engines (serving_*.cpp, llamacpp.cpp): reading an
 // engine's own command line (`vllm serve ...`, `llama-server ...`) flag by
 // flag with the engine's spelling, and the checks every engine model shares.
 #pragma once
