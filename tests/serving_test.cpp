@@ -522,3 +522,26 @@ TEST(Serving, VllmExpertParallelOverDataParallel) {
     o.data_parallel_size = 3;  // 128 experts over 12 ranks
     EXPECT_FALSE(serving_memory(job, o).ok());
 }
+
+// Every engine answers host RAM: the engine-managed host memory (vLLM V1,
+// SGLang without its hierarchical cache, TGI, TensorRT-LLM without host KV
+// offload keep none by default; V0's 4 GiB swap space per worker,
+// --swap-space's default).
+TEST(Serving, HostRamForEveryEngine) {
+    EstimateRequest job;
+    job.model = "llama-3.1-8b";
+    job.gpu = "H100";
+    for (const Engine e : {Engine::VLLM, Engine::SGLang, Engine::TGI, Engine::TRTLLM}) {
+        ServingOptions o;
+        o.engine = e;
+        o.max_model_len = 8192;
+        const auto r = serving_memory(job, o);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        ASSERT_TRUE(r.value().host.has_value()) << to_string(e);
+        EXPECT_EQ(r.value().host->total.count(), 0) << to_string(e);
+    }
+    ServingOptions v0;
+    v0.engine_version = "0.8";
+    v0.max_model_len = 8192;
+    EXPECT_EQ(serving_memory(job, v0).value().host->total.count(), 4LL << 30);
+}

@@ -155,6 +155,8 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
     out.assumptions.push_back("activations (an estimate): one chunk of " + std::to_string(out.max_num_batched_tokens) +
                               " tokens through one layer's MLP; CUDA graphs (an estimate): the largest captured batch's MLP working set");
     if (tp > 1) out.assumptions.push_back("tensor-parallel buffers outside PyTorch: as vLLM's (1.79 GiB per rank on H100-class GPUs, PR #10511), not measured for SGLang");
+    out.host = ServingHost{};
+    out.assumptions.push_back("host RAM: none kept by the engine (the hierarchical KV cache, --enable-hierarchical-cache, is off by default and not modelled); the processes' own memory is not counted");
     return out;
 }
 

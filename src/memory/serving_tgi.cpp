@@ -148,6 +148,8 @@ ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const 
     out.assumptions.push_back(std::string("warmup activation peak (an estimate): one layer's MLP over the prefill") +
                               (v3 ? "" : " and 8 bytes per prompt-token logit (fp16 logits, fp32 log-softmax, an fp16 copy; fitted to public 2.x logs)") +
                               "; CUDA graphs (sizes up to 32) are captured after the KV cache, outside the budget (estimate)");
+    out.host = ServingHost{};
+    out.assumptions.push_back("host RAM: none kept by the engine (no CPU KV cache); the processes' own memory is not counted");
     return out;
 }
 

@@ -117,6 +117,8 @@ ServingResult trtllm_memory(const ModelGraph& g, const EstimateRequest& job, con
     out.assumptions.push_back("profiling run (an estimate): one prefill of " + std::to_string(std::min(out.max_num_batched_tokens, out.max_model_len)) +
                               " tokens by NVIDIA aiconfigurator's activation table (" + gib(act) + " GiB); runtime buffers, workspaces and decode CUDA graphs " +
                               gib(runtime) + " GiB (fitted to two public logs)");
+    out.host = ServingHost{};
+    out.assumptions.push_back("host RAM: none kept by the engine (KvCacheConfig host_cache_size is unset by default: no host KV offload); the processes' own memory is not counted");
     return out;
 }
 
