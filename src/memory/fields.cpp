@@ -163,7 +163,7 @@ std::vector<Field> build_table() {
     const std::vector<std::string> formats = {"text", "json", "csv", "markdown"};
     std::vector<Row> t = {
         // ---- model
-        row("model", FT::String, "model", kModelCmds, AT(job.model), "preset name, Hugging Face id (local cache), config.json, model folder or layer-list JSON").positional(),
+        row("model", FT::String, "model", kModelCmds, AT(job.model), "preset name, Hugging Face id (local cache), config.json, model folder, layer-list JSON or gpumem model graph file").positional(),
         row("config", FT::Object, "model", bit(Command::Estimate) | bit(Command::Timeline), AT(other.config), "a Hugging Face config.json sent inline (JSON requests; the service reads no files)"),
         row("params", FT::Count, "model", kModelCmds, AT(job.params_count), "a parameter count only (model states, no activations), e.g. 7B").unit("parameters"),
         // ---- job

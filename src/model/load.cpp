@@ -1,6 +1,7 @@
 // src/model/load.cpp — model spec dispatch, presets, HF configs, model
 // folders (config.json + safetensors headers) and --params counts.
 #include "gpumem/model/load.hpp"
+#include "gpumem/model/graph_json.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -569,6 +570,7 @@ Result<ModelGraph> load_model(const std::string& spec) {
                          ": a safetensors file alone has no architecture; pass the folder that holds it and its "
                          "config.json");
             const json doc = detail::read_json_file(spec);
+            if (is_graph_json(doc)) return graph_from_json(doc, spec);
             const bool has_layers = doc.is_object() && doc.contains("layers");
             const bool has_type = doc.is_object() && doc.contains("model_type");
             // A layer list has a "layers" array; an HF config with a scalar "layers" field is still a config.
@@ -584,8 +586,8 @@ Result<ModelGraph> load_model(const std::string& spec) {
             }
             fail(ErrorCode::ParseError, spec,
                  spec +
-                     ": not a model description: a Hugging Face config.json has \"model_type\" and a layer list "
-                     "has \"layers\", this file has neither");
+                     ": not a model description: a Hugging Face config.json has \"model_type\", a layer list "
+                     "has \"layers\" and a gpumem model graph has \"format\": \"gpumem-model-graph\"; this file has none of them");
         });
     }
     if (resolve_preset(spec)) return load_preset(spec);

@@ -977,8 +977,8 @@ class ServingDict(TypedDict, total=False):
     fit_max_model_len: int
     gpu: ServingDictGpu
     gpu_memory_utilization: float
-    host: Union[None, ServingDictHost]
-    host_ram: Union[int, None]
+    host: ServingDictHost
+    host_ram: int
     kv_cache_blocks: int
     kv_cache_tokens: int
     llamacpp: Union[None, ServingDictLlamacpp]
