@@ -631,8 +631,6 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         const std::int64_t n_ck = ckpt ? checkpointed_count(repeat, ctx, ck_first) : 0;  // instances 0, N, 2N, ... / the first N / the chunks
         const std::int64_t ck_at = ck_first;
         if (ckpt) ck_first += repeat;
-        ba.rebuilt = n_ck > 0;
-        ba.kept = !ckpt || (group == 1 && n_ck < repeat);
 
         const Bytes sac = ckpt && ctx.recompute == Recompute::Ops ? op_sac_saved(blk, ctx) : Bytes(0);
         // Offloaded inputs: one comes back from CPU memory for each recompute.
@@ -648,9 +646,8 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             ba.recompute_transient = n_ck > 0 ? rest.saved + rest.largest + fetched : Bytes(0);
             ba.recompute_largest = n_ck > 0 ? rest.largest : Bytes(0);
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
-            ba.recompute_trailing = rest.saved * trailing_uncheckpointed(repeat, ctx, ck_at);
             // No checkpointed instance here: the trailing run goes on through this block.
-            res.recompute_trailing = n_ck == 0 ? res.recompute_trailing + ba.total : ba.recompute_trailing;
+            res.recompute_trailing = n_ck == 0 ? res.recompute_trailing + ba.total : rest.saved * trailing_uncheckpointed(repeat, ctx, ck_at);
             ba.weight_casts = rest.weight_casts * (repeat - n_ck);
             res.autocast_weight_casts += ba.weight_casts;
             ba.unsaved_casts = (rest.weight_casts - rest.frozen_casts) * n_ck;
@@ -729,8 +726,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
     // block it starts in).
     const std::int64_t group = recompute_group(ctx);
     if (group > 1 && !insts.empty()) {
-        for (auto& b : res.blocks)
-            if (!insts.empty()) b.recompute_transient = Bytes(0);
+        for (auto& b : res.blocks) b.recompute_transient = Bytes(0);
         res.recompute_transient = Bytes(0);
         for (std::size_t c = 0; c < insts.size(); c += static_cast<std::size_t>(group)) {
             Bytes sum, largest, fetched;

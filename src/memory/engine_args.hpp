@@ -33,8 +33,8 @@ inline std::int64_t to_int(const std::string& engine, const std::string& flag, c
     return n;
 }
 
-// A fraction flag value (`--gpu-memory-utilization 0.9`), all of it.
-inline double to_fraction(const std::string& engine, const std::string& flag, const char* field, const std::string& v) {
+// A number flag value (`--gpu-memory-utilization 0.9`, `--cpu-offload-gb 4`), all of it.
+inline double to_number(const std::string& engine, const std::string& flag, const char* field, const std::string& v) {
     char* end = nullptr;
     const double u = std::strtod(v.c_str(), &end);
     check(end && *end == '\0' && !v.empty(), field, engine + " " + flag + " takes a number (got \"" + v + "\")");

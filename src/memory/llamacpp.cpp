@@ -13,6 +13,7 @@
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/model/load.hpp"
 #include "engine_args.hpp"
+#include "serving_internal.hpp"
 
 namespace gpumem {
 
@@ -20,11 +21,7 @@ namespace {
 
 using engine_args::check;
 
-std::string mib(Bytes b) {
-    char buf[48];
-    std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b.count()) / 1048576.0);
-    return buf;
-}
+std::string mib(Bytes b) { return serving_detail::fixed(static_cast<double>(b.count()) / 1048576.0, 2); }
 
 std::string upper(std::string_view s) {
     std::string o(s);

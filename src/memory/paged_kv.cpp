@@ -25,13 +25,6 @@ Bytes kv_token_bytes_per_layer(const TransformerDims& d, std::int64_t tp, DType 
     return dtype_bytes(dt, checked_mul(2 * std::max<std::int64_t>(1, d.kv_heads / std::max<std::int64_t>(1, tp)), d.head_dim));
 }
 
-Bytes vllm_linear_state_bytes(const TransformerDims& d, std::int64_t tp, DType state_dt, DType ssm_dt) {
-    tp = std::max<std::int64_t>(1, tp);
-    const std::int64_t conv = checked_mul(d.linear_conv_kernel - 1, (d.linear_conv_dim + tp - 1) / tp);
-    const std::int64_t ssm = checked_mul((d.linear_v_heads + tp - 1) / tp, checked_mul(d.linear_k_dim, d.linear_v_dim));
-    return dtype_bytes(state_dt, conv) + dtype_bytes(ssm_dt, ssm);
-}
-
 Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequest& r) {
     return capture([&]() -> PagedKvResult {
         if (d.layers <= 0 || (!d.latent_kv && (d.kv_heads <= 0 || d.head_dim <= 0)))
@@ -64,7 +57,9 @@ Result<PagedKvResult> paged_kv_cache(const TransformerDims& d, const PagedKvRequ
             // request; the attention block grows to the first multiple of 16
             // (MLA: 64) tokens whose page holds it, and the state page is padded
             // to that attention page.
-            out.state_page = vllm_linear_state_bytes(d, r.tp, r.state_dtype, r.ssm_dtype);
+            // vLLM's conv state keeps kernel - 1 columns (mamba_utils.py
+            // gated_delta_net_state_shape, L177-190 @d28d86e8a).
+            out.state_page = d.linear_state_bytes(r.tp, d.linear_conv_kernel - 1, r.state_dtype, r.ssm_dtype);
             const std::int64_t align = d.latent_kv ? 64 : 16;
             const std::int64_t attn_bs = align * checked_ceil_div(out.state_page.count(), checked_mul(align, tok.count()));
             bs = std::max(bs, attn_bs);

@@ -244,9 +244,6 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
         // Gathered parameters / unsharded gradients at the layers (`_max`), the
         // first block (embeddings) and the output layer.
         Bytes grad_pair, recompute, gather_max, block_grad_max, autocast_unsaved, dequant, hdq;
-        // Full recompute over layers that differ: the gradient pairs of the
-        // layers rebuilt and of those run from their own saves.
-        Bytes grad_pair_rebuilt, grad_pair_kept;
         Bytes recompute_trailing;  // --recompute-every: freed before the first rebuild
         Bytes recompute_largest;   // the rebuild's largest transient (not alive with the gradient pair)
         bool any_recompute = false;
@@ -313,11 +310,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                     head_chunk = head_chunk || (td && bi + 1 == g.blocks.size());
                     if (td && bi + 1 == g.blocks.size()) head_saved = ba.total;
                     // The loss head's backward is the logits term below.
-                    if (!(td && bi + 1 == g.blocks.size())) {
-                        grad_pair = max(grad_pair, ba.grad_pair_net);
-                        if (ba.rebuilt) grad_pair_rebuilt = max(grad_pair_rebuilt, ba.grad_pair_net);
-                        if (ba.kept && g.blocks[bi].checkpointable) grad_pair_kept = max(grad_pair_kept, ba.grad_pair_net);
-                    }
+                    if (!(td && bi + 1 == g.blocks.size())) grad_pair = max(grad_pair, ba.grad_pair_net);
                     recompute = max(recompute, ba.recompute_transient);
                     recompute_largest = max(recompute_largest, ba.recompute_largest);
                 }
@@ -653,16 +646,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 if (trail > Bytes(0)) moments.push_back({"backward", layers_act, common + max(grad_pair, dequant), gather_max, layer_part(layers_act) + max(grad_pair, dequant)});
                 // The rebuilt layer's saves, with its largest forward transient or
                 // (later) its largest gradient pair, not both.
-                // With layers that differ, the rebuilt layers' own gradient pairs;
-                // the others run their backward from their saves (no rebuild).
-                const Bytes gp = recompute > Bytes(0) && grad_pair_rebuilt > Bytes(0) ? grad_pair_rebuilt : grad_pair;
-                const Bytes rebuilt = recompute > Bytes(0) ? recompute - std::min(recompute, recompute_largest) + max(max(gp, dequant), recompute_largest)
+                const Bytes rebuilt = recompute > Bytes(0) ? recompute - std::min(recompute, recompute_largest) + max(max(grad_pair, dequant), recompute_largest)
                                                            : max(grad_pair, dequant);
                 moments.push_back({"backward", layers_act - trail, common + rebuilt, gather_max, layer_part(layers_act - trail) + rebuilt});
-                if (recompute > Bytes(0) && grad_pair_kept > gp) {
-                    const Bytes own = max(grad_pair_kept, dequant);
-                    moments.push_back({"backward", layers_act - trail, common + own, gather_max, layer_part(layers_act - trail) + own});
-                }
             }
             Moment worst = moments.front();
             for (const auto& mo : moments)

@@ -4,18 +4,11 @@
 #include "gpumem/memory/serving.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <map>
 
 #include "engine_args.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
-#include "gpumem/memory/job.hpp"
 #include "gpumem/memory/llamacpp.hpp"
-#include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/parallel.hpp"
-#include "gpumem/memory/weight_quant.hpp"
-#include "gpumem/model/load.hpp"
 #include "serving_internal.hpp"
 
 namespace gpumem {
@@ -23,7 +16,7 @@ namespace gpumem {
 namespace {
 
 using engine_args::check;
-using engine_args::to_fraction;
+using engine_args::to_number;
 
 // `--dtype`: both engines take auto, bfloat16, float16/half, float32/float.
 void apply_model_dtype(const std::string& engine, const std::string& v, EstimateRequest& job) {
@@ -56,7 +49,7 @@ void apply_sglang_command(const std::vector<std::string>& argv, std::size_t i, S
         } else if (a == "--pp" || a == "--pp-size" || a == "--pipeline-parallel-size") {
             job.parallel.pp = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--mem-fraction-static") {
-            o.mem_fraction_static = to_fraction("sglang", a, "mem-fraction-static", f.value());
+            o.mem_fraction_static = to_number("sglang", a, "mem-fraction-static", f.value());
         } else if (a == "--context-length") {
             o.max_model_len = engine_args::to_int("sglang", a, f.value());
         } else if (a == "--max-total-tokens") {
@@ -117,7 +110,7 @@ void apply_tgi_command(const std::vector<std::string>& argv, std::size_t i, Serv
         } else if (a == "--max-batch-size") {
             o.max_num_seqs = engine_args::to_int("tgi", a, f.value());
         } else if (a == "--cuda-memory-fraction") {
-            o.cuda_memory_fraction = to_fraction("tgi", a, "cuda-memory-fraction", f.value());
+            o.cuda_memory_fraction = to_number("tgi", a, "cuda-memory-fraction", f.value());
         } else if (a == "--max-batch-total-tokens") {
             f.value();  // ignored by flash models: the warmup infers it (backends/v3/src/lib.rs L89-97)
         } else if (a == "--cuda-graphs") {
@@ -169,7 +162,7 @@ void apply_trtllm_command(const std::vector<std::string>& argv, std::size_t i, S
         } else if (a == "--max_seq_len") {
             o.max_model_len = engine_args::to_int("trtllm-serve", a, f.value());
         } else if (a == "--kv_cache_free_gpu_memory_fraction") {
-            o.free_gpu_memory_fraction = to_fraction("trtllm-serve", a, "free-gpu-memory-fraction", f.value());
+            o.free_gpu_memory_fraction = to_number("trtllm-serve", a, "free-gpu-memory-fraction", f.value());
         } else if (a == "--backend") {
             const std::string v = f.value();
             check(v == "pytorch", "command", "trtllm-serve --backend " + v + " is not modelled: a TensorRT engine's memory is fixed by its build (use the pytorch backend)");
@@ -216,7 +209,7 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
         } else if (a == "--pipeline-parallel-size" || a == "-pp") {
             job.parallel.pp = engine_args::to_int("vllm", a, f.value());
         } else if (a == "--gpu-memory-utilization") {
-            o.gpu_memory_utilization = to_fraction("vllm", a, "gpu-memory-utilization", f.value());
+            o.gpu_memory_utilization = to_number("vllm", a, "gpu-memory-utilization", f.value());
         } else if (a == "--max-num-seqs") {
             o.max_num_seqs = engine_args::to_int("vllm", a, f.value());
         } else if (a == "--max-num-batched-tokens") {
@@ -228,15 +221,9 @@ void apply_vllm_command(const std::vector<std::string>& argv, std::size_t i, Ser
         } else if (a == "--enforce-eager") {
             o.enforce_eager = true;
         } else if (a == "--cpu-offload-gb") {
-            const std::string v = f.value();
-            try {
-                std::size_t used = 0;
-                const double gb = std::stod(v, &used);
-                check(used == v.size() && gb >= 0 && gb < 1e6, "cpu-offload-gb", "vllm --cpu-offload-gb " + v + ": give GiB as a number >= 0");
-                o.cpu_offload_gb = gb;
-            } catch (const std::logic_error&) {
-                fail(ErrorCode::InvalidArgument, "cpu-offload-gb", "vllm --cpu-offload-gb " + v + ": give GiB as a number >= 0");
-            }
+            const double gb = to_number("vllm", a, "cpu-offload-gb", f.value());
+            check(gb >= 0 && gb < 1e6, "cpu-offload-gb", "vllm --cpu-offload-gb takes GiB as a number >= 0");
+            o.cpu_offload_gb = gb;
         } else if (a == "--data-parallel-size" || a == "-dp") {
             o.data_parallel_size = engine_args::to_int("vllm", a, f.value());
         } else if (a == "--enable-expert-parallel" || a == "-ep") {

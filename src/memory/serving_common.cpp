@@ -2,29 +2,25 @@
 #include "gpumem/memory/serving.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <map>
 
 #include "engine_args.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/memory/job.hpp"
-#include "gpumem/memory/llamacpp.hpp"
-#include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/parallel.hpp"
 #include "gpumem/memory/weight_quant.hpp"
-#include "gpumem/model/load.hpp"
 #include "serving_internal.hpp"
 
 namespace gpumem::serving_detail {
 
 using engine_args::check;
 
-std::string gib(Bytes b) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b.count()) / 1073741824.0);
+std::string fixed(double v, int digits) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
     return buf;
 }
+
+std::string gib(Bytes b) { return fixed(static_cast<double>(b.count()) / 1073741824.0, 2); }
 
 // Weights of each pipeline stage's ranks: gpumem's inference layout (each
 // rank's share of the tensor-parallel weights, the stage's layers).

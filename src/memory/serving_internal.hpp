@@ -12,7 +12,8 @@
 
 namespace gpumem::serving_detail {
 
-// GiB with two decimals, as the engines log them.
+// A number with `digits` decimals, and GiB with two, as the engines log them.
+std::string fixed(double v, int digits);
 std::string gib(Bytes b);
 
 // What every engine reads the same way: the card, the layout, the weights'

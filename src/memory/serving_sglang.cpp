@@ -2,18 +2,11 @@
 #include "gpumem/memory/serving.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <map>
 
 #include "engine_args.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
-#include "gpumem/memory/job.hpp"
-#include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/parallel.hpp"
-#include "gpumem/memory/weight_quant.hpp"
-#include "gpumem/model/load.hpp"
 #include "serving_internal.hpp"
 
 namespace gpumem {
@@ -49,7 +42,6 @@ double sglang_default_mem_fraction(const std::string& version, std::int64_t gpu_
 namespace serving_detail {
 
 using engine_args::check;
-using engine_args::to_fraction;
 
 // SGLang (docs/research/sglang.md; v0.5.6 = 7ae368efde14): the KV pool is what
 // is left of mem_fraction_static x the free memory before the weights load;
@@ -144,8 +136,7 @@ ServingResult sglang_memory(const ModelGraph& g, const EstimateRequest& job, con
     }
     out.per_rank = ranks;
     out.per_gpu = ranks[worst];
-    char frac[32];
-    std::snprintf(frac, sizeof frac, "%.3f", mfs);
+    const std::string frac = fixed(mfs, 3);
     out.assumptions.push_back("SGLang " + version + ": KV pool = mem_fraction_static x free memory before the weights load - weights, in tokens of " +
                               std::to_string(cells.empty() ? 0 : cells.front().count()) + " bytes, rounded down to the page (" +
                               std::to_string(out.block_size) + "); the request table, CUDA graphs and activations use the rest (docs/research/sglang.md)");

@@ -2,18 +2,11 @@
 #include "gpumem/memory/serving.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <map>
 
 #include "engine_args.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
-#include "gpumem/memory/job.hpp"
-#include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/parallel.hpp"
-#include "gpumem/memory/weight_quant.hpp"
-#include "gpumem/model/load.hpp"
 #include "serving_internal.hpp"
 
 namespace gpumem {
@@ -21,7 +14,6 @@ namespace gpumem {
 namespace serving_detail {
 
 using engine_args::check;
-using engine_args::to_fraction;
 
 // ---- TGI (docs/research/tgi.md; text-generation-inference db931fcf42da,
 // the last release v3.3.7 = dfb3fbe78e0d, and the tags named there) --------
@@ -139,8 +131,7 @@ ServingResult tgi_memory(const ModelGraph& g, const EstimateRequest& job, const 
     engine_args::set_request_len(out, o, "the engine's maximum request length", "the engine rejects such requests; raise --max-model-len or shorten --request-len");
     out.concurrency_at_request_len = static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.request_len);
     if (out.max_num_seqs == 0) out.max_num_seqs = std::max<std::int64_t>(1, static_cast<std::int64_t>(out.concurrency_at_request_len));
-    char frac[32];
-    std::snprintf(frac, sizeof frac, "%.2f", W);
+    const std::string frac = fixed(W, 2);
     out.assumptions.push_back("TGI " + version + ": KV blocks = floor(" + (v3 ? std::string("(F1 - (1 - cuda_memory_fraction x ") + frac + ") x total)" : std::string(frac) + " x (F1 - (1 - cuda_memory_fraction) x total)") +
                               " / block) + the warmup's blocks, F1 = free memory after the warmup prefill (flash_causal_lm.py L1507-1563; docs/research/tgi.md)");
     out.assumptions.push_back("max_batch_prefill_tokens " + std::to_string(P) + (o.max_num_batched_tokens ? "" : " (the launcher's default for this card and model)") +

@@ -2,18 +2,11 @@
 #include "gpumem/memory/serving.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <map>
 
 #include "engine_args.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
-#include "gpumem/memory/job.hpp"
-#include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/parallel.hpp"
-#include "gpumem/memory/weight_quant.hpp"
-#include "gpumem/model/load.hpp"
 #include "serving_internal.hpp"
 
 namespace gpumem {
@@ -21,7 +14,6 @@ namespace gpumem {
 namespace serving_detail {
 
 using engine_args::check;
-using engine_args::to_fraction;
 
 // ---- TensorRT-LLM, PyTorch backend (docs/research/trtllm.md; 1.x,
 // tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator) -----------------
@@ -109,8 +101,7 @@ ServingResult trtllm_memory(const ModelGraph& g, const EstimateRequest& job, con
     out.fit_max_model_len = std::min(out.kv_cache_tokens, out.max_model_len);
     engine_args::set_request_len(out, o, "the engine's maximum request length", "the engine rejects such requests; raise --max-model-len or shorten --request-len");
     out.concurrency_at_request_len = std::min(static_cast<double>(out.max_num_seqs), static_cast<double>(out.kv_cache_tokens) / static_cast<double>(out.request_len));
-    char frac[32];
-    std::snprintf(frac, sizeof frac, "%.2f", f);
+    const std::string frac = fixed(f, 2);
     out.assumptions.push_back("TensorRT-LLM " + out.engine_version + ": KV = kv_cache_free_gpu_memory_fraction (" + frac +
                               ") x (total - the memory held at the profiling run's peak), in blocks of " + std::to_string(out.block_size) +
                               " tokens (_util.py KvCacheCreator; docs/research/trtllm.md)");

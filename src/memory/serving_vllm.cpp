@@ -3,18 +3,11 @@
 #include "gpumem/memory/serving.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <map>
 
 #include "engine_args.hpp"
 #include "gpumem/memory/gpu_catalog.hpp"
-#include "gpumem/memory/job.hpp"
-#include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/paged_kv.hpp"
 #include "gpumem/memory/parallel.hpp"
-#include "gpumem/memory/weight_quant.hpp"
-#include "gpumem/model/load.hpp"
 #include "serving_internal.hpp"
 
 namespace gpumem::serving_detail {

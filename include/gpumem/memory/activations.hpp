@@ -134,14 +134,7 @@ struct BlockActivations {
     Bytes grad_pair;             // largest |grad wrt output| + |grad wrt input| of one op
     Bytes grad_pair_net;         // the same less the saved tensors the block's later ops freed before it
     Bytes recompute_transient;   // full recompute: one instance rebuilt in backward
-    // --recompute-every: saves of the uncheckpointed instances after the last
-    // checkpointed one, freed before the first rebuild in backward.
-    Bytes recompute_trailing;
     Bytes recompute_largest;     // part of recompute_transient: the rebuild's largest transient tensor
-    // Full recompute: whether some instance is rebuilt in backward, and
-    // whether some runs its backward from its own saves.
-    bool rebuilt = false;
-    bool kept = true;
     Bytes weight_casts;          // part of `total`: autocast's 16-bit weight copies
     Bytes lora;                  // part of `total`: LoRA adapter tensors
     // Part of `total`: inputs bitsandbytes' 4-bit matmul (< 0.43.2) keeps as

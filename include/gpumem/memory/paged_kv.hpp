@@ -89,11 +89,6 @@ struct PagedKvResult {
 // one latent (kv_lora_rank + rope dim), not split by tensor parallelism.
 Bytes kv_token_bytes_per_layer(const TransformerDims& d, std::int64_t tp, DType dt);
 
-// One linear-attention layer's state for one request on one tensor-parallel
-// rank as vLLM pages it (mamba_utils.py gated_delta_net_state_shape, L177-190
-// @d28d86e8a): a convolution state of (kernel - 1) x conv_dim / tp and a
-// recurrent state of v_heads / tp x k_dim x v_dim.
-Bytes vllm_linear_state_bytes(const TransformerDims& d, std::int64_t tp, DType state_dt, DType ssm_dt);
 // Layers of each pipeline stage as vLLM splits them (get_pp_indices).
 std::vector<std::int64_t> vllm_pp_layers(std::int64_t layers, std::int64_t pp);
 

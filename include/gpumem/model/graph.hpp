@@ -224,16 +224,21 @@ struct TransformerDims {
         for (bool l : linear_layers) n -= l ? 1 : 0;
         return n;
     }
-    // One layer's linear-attention state for `batch` sequences on one of
-    // `tp` ranks (heads split), as transformers' cache holds it
-    // (Qwen3NextDynamicCache): conv_states [conv_dim, kernel] in `conv_dt`
-    // and recurrent_states [v_heads, k_dim, v_dim] in fp32 (the delta rule
-    // returns its final state in fp32).
-    [[nodiscard]] Bytes hf_linear_state_bytes(std::int64_t batch, std::int64_t tp, DType conv_dt) const {
+    // One layer's linear-attention state for one sequence on one of `tp`
+    // ranks (heads split): `conv_columns` columns of conv_dim / tp in
+    // `conv_dt` and a recurrent state of v_heads / tp x k_dim x v_dim in
+    // `ssm_dt`.
+    [[nodiscard]] Bytes linear_state_bytes(std::int64_t tp, std::int64_t conv_columns, DType conv_dt, DType ssm_dt) const {
         tp = tp < 1 ? 1 : tp;
-        const std::int64_t conv = checked_mul((linear_conv_dim + tp - 1) / tp, linear_conv_kernel);
+        const std::int64_t conv = checked_mul((linear_conv_dim + tp - 1) / tp, conv_columns);
         const std::int64_t rec = checked_mul((linear_v_heads + tp - 1) / tp, checked_mul(linear_k_dim, linear_v_dim));
-        return (dtype_bytes(conv_dt, conv) + dtype_bytes(DType::F32, rec)) * batch;
+        return dtype_bytes(conv_dt, conv) + dtype_bytes(ssm_dt, rec);
+    }
+    // ... for `batch` sequences as transformers' cache holds it
+    // (Qwen3NextDynamicCache): conv_states [conv_dim, kernel] in `conv_dt`
+    // and recurrent_states in fp32 (the delta rule returns its final state in fp32).
+    [[nodiscard]] Bytes hf_linear_state_bytes(std::int64_t batch, std::int64_t tp, DType conv_dt) const {
+        return linear_state_bytes(tp, linear_conv_kernel, conv_dt, DType::F32) * batch;
     }
 };
 
