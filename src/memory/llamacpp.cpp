@@ -65,6 +65,8 @@ bool needs_imatrix(std::string_view f) {
 }
 // The IQ1/IQ2 file types' own branch of the rules (L487-510).
 bool iq12(std::string_view f) { return f == "IQ1_S" || f == "IQ1_M" || f == "IQ2_XXS" || f == "IQ2_XS" || f == "IQ2_S" || f == "IQ2_M"; }
+// That branch's raised type for attn_v and the first ffn_down tensors.
+const char* iq12_raised(std::string_view f) { return f == "IQ2_S" || f == "IQ2_M" ? "iq3_s" : "q2_K"; }
 
 const FileType* file_type_named(std::string_view n) {
     const std::string u = upper(n);
@@ -118,7 +120,7 @@ const GgmlType& mix_type(const MixContext& c, Cat cat, std::int64_t i, bool expe
         return base;
     }
     if (iq12(f)) {  // L487-510
-        const GgmlType& lo = T(f == "IQ2_S" || f == "IQ2_M" ? "iq3_s" : "q2_K");
+        const GgmlType& lo = T(iq12_raised(f));
         if (cat == Cat::AttnV || cat == Cat::AttnQkv) {
             if (cat == Cat::AttnQkv && c.old_qkv_rule) return base;
             return c.n_gqa >= 4 || c.n_expert >= 4 ? T("q4_K") : lo;
@@ -403,7 +405,7 @@ Result<LlamaModel> llama_model_from_graph(const ModelGraph& g, std::string_view 
             std::stable_sort(downs.begin(), downs.end(), [](const LlamaTensor* a, const LlamaTensor* b) {
                 return a->layer != b->layer ? a->layer < b->layer : a->name < b->name;
             });
-            const GgmlType& lo = type_named(std::string_view(ft->name) == "IQ2_S" || std::string_view(ft->name) == "IQ2_M" ? "iq3_s" : "q2_K");
+            const GgmlType& lo = type_named(iq12_raised(ft->name));
             for (std::size_t k = 0; k < downs.size() && static_cast<std::int64_t>(k) < d.layers / 8; ++k) {
                 downs[k]->type = &row_compatible(lo, downs[k]->ne[0]);
                 downs[k]->bytes = ggml_nbytes(*downs[k]->type, downs[k]->ne);

@@ -58,6 +58,13 @@ std::int32_t BlockBuilder::param(const std::string& name, std::vector<std::int64
     return static_cast<std::int32_t>(block_.params.size() - 1);
 }
 
+std::int32_t BlockBuilder::param_of_last_op(const std::string& name, std::vector<std::int64_t> shape, Component c, const std::string& module) {
+    assert(!block_.ops.empty());
+    const std::int32_t pi = param(name, std::move(shape), c, module);
+    block_.ops.back().params.push_back(pi);
+    return pi;
+}
+
 Op& BlockBuilder::op(OpKind kind, const std::string& name, std::vector<TensorId> in, std::vector<TensorId> out,
                      std::vector<SavedRef> saved) {
     Op o;

@@ -21,6 +21,7 @@ constexpr std::array<OpKind, 24> kOpKinds = {OpKind::Input,      OpKind::Embeddi
                                              OpKind::Add,        OpKind::Mul,         OpKind::Elementwise, OpKind::Cast,    OpKind::View,
                                              OpKind::Conv2d,     OpKind::BatchNorm2d, OpKind::MaxPool2d, OpKind::AvgPool2d, OpKind::AdaptiveAvgPool2d,
                                              OpKind::Flatten,    OpKind::Router,      OpKind::Experts,   OpKind::Loss};
+static_assert(static_cast<std::size_t>(OpKind::Loss) + 1 == kOpKinds.size(), "every OpKind has a name in the file format");
 
 const char* role_name(ActRole r) {
     switch (r) {
@@ -36,6 +37,7 @@ const char* role_name(ActRole r) {
 }
 constexpr std::array<ActRole, 7> kRoles = {ActRole::Stream, ActRole::Lowered, ActRole::Float32, ActRole::Index64,
                                            ActRole::Mask8,  ActRole::Upcast,  ActRole::Float8};
+static_assert(static_cast<std::size_t>(ActRole::Float8) + 1 == kRoles.size(), "every ActRole has a name in the file format");
 
 const char* axis_name(SeqAxis a) {
     switch (a) {
@@ -185,12 +187,13 @@ Block read_block(const In& in) {
         x.output_head = p.boolean("output_head", false);
         x.tp_replicated = p.boolean("tp_replicated", false);
         x.module = p.string("module", std::string());
+        std::int64_t elements = 0;
         try {
-            (void)x.numel();
+            elements = x.numel();
         } catch (const std::exception&) {
             p.bad("shape", "has more elements than gpumem can count");
         }
-        if (x.numel() > kMaxCount * 64) p.bad("shape", "has more than 2^46 elements");
+        if (elements > kMaxCount * 64) p.bad("shape", "has more than 2^46 elements");
         b.params.push_back(std::move(x));
     }
     const json& tensors = in.array("tensors", true);

@@ -359,9 +359,7 @@ TensorId attention(Ctx& c, TensorId x, const AttnOpts& a) {
         gate = B.copy(qg, c.tok(H * d), nm.core + ".gate", B.info(qg).role);
     }
     if (s.attention_sinks) {  // GptOssAttention.sinks: one learned logit per head
-        const std::size_t oi = B.block().ops.size() - 1;
-        const auto pi = B.param(nm.core + ".sinks", {H}, Component::Attention, "sinks");
-        B.block().ops[oi].params.push_back(pi);
+        B.param_of_last_op(nm.core + ".sinks", {H}, Component::Attention, "sinks");
     }
     if (s.qk_norm && s.norm == S::Norm::RMSNorm) {  // Qwen3Attention: q_norm / k_norm = RMSNorm(head_dim)
         q = B.rmsnorm(q, d, nm.q_norm, Component::Attention);
@@ -394,10 +392,7 @@ TensorId attention(Ctx& c, TensorId x, const AttnOpts& a) {
         // computed once in the first layer and reused (the [s, s] int64 buckets are not modelled).
         const TensorId pb = B.tensor(nm.core + ".position_bias", Extent::per_token2(H), ActRole::Stream);
         B.op(OpKind::Embedding, nm.core + ".relative_attention_bias", {}, {pb});
-        const std::size_t op_index = B.block().ops.size() - 1;
-        const auto w = B.param(nm.core + ".relative_attention_bias.weight", {s.relative_buckets, H},
-                               Component::Attention, "relative_attention_bias");
-        B.block().ops[op_index].params.push_back(w);
+        B.param_of_last_op(nm.core + ".relative_attention_bias.weight", {s.relative_buckets, H}, Component::Attention, "relative_attention_bias");
     }
     co.mask = !a.rel_bias;  // T5 adds the (masked) position bias in place
     co.causal = a.causal;
@@ -430,34 +425,21 @@ TensorId gated_delta_net(Ctx& c, TensorId x) {
     const TensorId cv = B.tensor(p + ".conv1d.out", c.tok(conv), role);
     Op& co = B.op(OpKind::Elementwise, p + ".conv1d", {mixed}, {cv}, {{mixed, false}});
     co.flops = c.tok(checked_mul(checked_mul(2, conv), K));
-    {
-        const std::size_t oi = B.block().ops.size() - 1;
-        const auto w = B.param(p + ".conv1d.weight", {conv, 1, K}, Component::Attention, "conv1d");
-        B.block().ops[oi].params.push_back(w);
-    }
+    B.param_of_last_op(p + ".conv1d.weight", {conv, 1, K}, Component::Attention, "conv1d");
     const TensorId act = B.activation(cv, Act::SiLU, p + ".conv1d.silu");
     const TensorId q = B.view(act, c.tok(kd), p + ".query");
     const TensorId k = B.view(act, c.tok(kd), p + ".key");
     const TensorId v = B.view(act, c.tok(vd), p + ".value");
     const TensorId beta = B.activation(B.view(ba, c.tok(nv), p + ".b"), Act::Sigmoid, p + ".beta");
     const TensorId g = B.elementwise({ba}, c.tok(nv), ActRole::Float32, {ba}, p + ".g");
-    {
-        const std::size_t oi = B.block().ops.size() - 1;
-        const auto a_log = B.param(p + ".A_log", {nv}, Component::Attention, "A_log");
-        const auto dt = B.param(p + ".dt_bias", {nv}, Component::Attention, "dt_bias");
-        B.block().ops[oi].params.push_back(a_log);
-        B.block().ops[oi].params.push_back(dt);
-    }
+    B.param_of_last_op(p + ".A_log", {nv}, Component::Attention, "A_log");
+    B.param_of_last_op(p + ".dt_bias", {nv}, Component::Attention, "dt_bias");
     const TensorId core = B.tensor(p + ".core_attn_out", c.tok(vd), role);
     Op& dr = B.op(OpKind::Elementwise, p + ".chunk_gated_delta_rule", {q, k, v, g, beta}, {core},
                   {{q, false}, {k, false}, {v, false}, {g, false}, {beta, false}});
     dr.flops = c.tok(checked_mul(checked_mul(nv, 6), checked_mul(dk, dv)));  // state update and read-out per token and head (an estimate)
     const TensorId normed = B.elementwise({core, z}, c.tok(vd), role, {core, z}, p + ".norm");
-    {
-        const std::size_t oi = B.block().ops.size() - 1;
-        const auto w = B.param(p + ".norm.weight", {dv}, Component::Norms, "norm");
-        B.block().ops[oi].params.push_back(w);
-    }
+    B.param_of_last_op(p + ".norm.weight", {dv}, Component::Norms, "norm");
     return linear(c, normed, vd, h, false, p + ".out_proj", Component::Attention);
 }
 
@@ -565,9 +547,7 @@ TensorId moe(Ctx& c, TensorId x) {
     // Router.
     const TensorId logits = linear(c, x, h, E, s.router_linear_bias, n.router, Component::Router, true, 0, n.router_linear_weight);
     if (s.router_bias) {
-        const std::size_t op_index = B.block().ops.size() - 1;
-        const auto pb = B.param(n.router + ".e_score_correction_bias", {E}, Component::Router, leaf(n.router));
-        B.block().ops[op_index].params.push_back(pb);
+        B.param_of_last_op(n.router + ".e_score_correction_bias", {E}, Component::Router, leaf(n.router));
     }
     const TensorId scores = s.router_sigmoid ? B.activation(B.cast(logits, ActRole::Float32, n.router + ".float"),
                                                             Act::Sigmoid, n.router + ".sigmoid")
@@ -732,9 +712,7 @@ Block embeddings_block(const S& s, const Names& n, DType dt, std::vector<std::st
     const std::int64_t edim = proj ? s.word_embed_proj_dim : s.hidden;
     TensorId x = B.embedding(ids, s.vocab, edim, n.embed, Component::Embeddings);
     for (const auto& ep : s.extra_params) {  // a VLM's vision tower and projector: parameters only
-        const std::size_t oi = B.block().ops.size() - 1;
-        const auto pi = B.param(ep.name, ep.shape, ep.component, leaf(ep.name));
-        B.block().ops[oi].params.push_back(pi);
+        B.param_of_last_op(ep.name, ep.shape, ep.component, leaf(ep.name));
     }
     if (proj) x = linear(c, x, edim, s.hidden, false, "project_in", Component::Embeddings);
     if (s.embed_scale) x = B.elementwise({x}, Extent::per_token(s.hidden), ActRole::Stream, {}, "embed_scale");
@@ -779,9 +757,7 @@ Block head_block(const S& s, const Names& n, DType dt, std::vector<std::string>&
                                      !s.tie_embeddings);
             mark_output_head(B);
             if (s.tie_embeddings && s.lm_head_bias) {
-                const std::size_t op_index = B.block().ops.size() - 1;
-                const auto pb = B.param(n.lm_head + ".bias", {V}, Component::Head, leaf(n.lm_head));
-                B.block().ops[op_index].params.push_back(pb);
+                B.param_of_last_op(n.lm_head + ".bias", {V}, Component::Head, leaf(n.lm_head));
             }
             if (s.final_logit_softcap > 0.0) {
                 logits = B.elementwise({logits}, Extent::per_token(V), ActRole::Lowered, {}, "softcap_div");
@@ -797,9 +773,7 @@ Block head_block(const S& s, const Names& n, DType dt, std::vector<std::string>&
             t = B.layernorm(t, h, true, n.mlm_norm, Component::Head);
             const TensorId logits = linear(c, t, h, V, false, n.mlm_decoder, Component::Head, !s.tie_embeddings);
             mark_output_head(B);
-            const std::size_t op_index = B.block().ops.size() - 1;
-            const auto pb = B.param(n.mlm_bias, {V}, Component::Head, leaf(n.mlm_decoder));
-            B.block().ops[op_index].params.push_back(pb);
+            B.param_of_last_op(n.mlm_bias, {V}, Component::Head, leaf(n.mlm_decoder));
             B.cross_entropy(logits, Extent::per_token(V), Extent::per_token(1), false, "loss");
             break;
         }

@@ -226,11 +226,12 @@ std::string render_serving(const ServingResult& r, Format f) {
     if (r.request_len != r.max_model_len)
         out += "requests of " + with_commas(r.request_len) + " tokens at once: " + fixed(r.concurrency_at_request_len, 2) + "x\n";
     if (!r.error.empty()) out += r.engine + " would stop with: " + r.error + "\n";
-    if (r.host && r.host->total > Bytes(0))
-        out += "host RAM (pinned, all ranks): " + format_bytes(r.host->total) +
-               (r.host->model > Bytes(0) ? " (" + format_bytes(r.host->model) + " offloaded weights" + (r.host->kv_cache > Bytes(0) ? ", " + format_bytes(r.host->kv_cache) + " KV swap space)" : ")")
-                                         : " (KV swap space)") +
-               "\n";
+    if (r.host && r.host->total > Bytes(0)) {
+        std::string parts;
+        if (r.host->model > Bytes(0)) parts = format_bytes(r.host->model) + " offloaded weights";
+        if (r.host->kv_cache > Bytes(0)) parts += (parts.empty() ? "" : ", ") + format_bytes(r.host->kv_cache) + " KV swap space";
+        out += "host RAM (pinned, all ranks): " + format_bytes(r.host->total) + " (" + parts + ")\n";
+    }
     out += "\n" + render_table(t, f);
     out += throughput_text(r, f);
     out += "\nassumptions:\n";

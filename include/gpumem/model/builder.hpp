@@ -37,6 +37,8 @@ public:
     // Parameters. Returns the index into Block::params.
     std::int32_t param(const std::string& name, std::vector<std::int64_t> shape, Component c,
                        const std::string& module = "", bool linear_weight = false, std::int64_t count = 1);
+    // A parameter read by the op added last (a bias, a norm weight, a gate's logits).
+    std::int32_t param_of_last_op(const std::string& name, std::vector<std::int64_t> shape, Component c, const std::string& module = "");
 
     // Ops. `tokens_extent` style: every helper takes the extent of its output
     // (elements per b,s) so that callers control shapes.
