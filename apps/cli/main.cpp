@@ -15,6 +15,7 @@
 #include "gpumem/core/version.hpp"
 #include "gpumem/report/sweep_render.hpp"
 #include "gpumem/report/timeline_render.hpp"
+#include "trace_command.hpp"
 #ifdef GPUMEM_HAVE_SERVER
 #include "gpumem/server/server.hpp"
 #endif
@@ -177,6 +178,8 @@ std::string suggestion(const CLI::App& app, const std::vector<std::string>& args
 }  // namespace
 
 int main(int argc, char** argv) {
+    // `gpumem trace ...` hands its whole command line to the PyTorch tracer.
+    if (argc >= 2 && std::string(argv[1]) == "trace") return gpumem::cli::run_trace_command(std::vector<std::string>(argv + 2, argv + argc));
     CLI::App app{"gpumem: predict, explain and plan GPU memory of deep-learning training and inference"};
     app.require_subcommand(1);
     app.set_version_flag("--version", std::string("gpumem ") + version());
@@ -206,6 +209,8 @@ int main(int argc, char** argv) {
     completion->add_option("shell", shell, "bash, zsh or fish")->required();
     completion->footer("\nExamples:\n  gpumem completion bash > ~/.local/share/bash-completion/completions/gpumem\n  gpumem completion fish > ~/.config/fish/completions/gpumem.fish\n");
     auto* man = app.add_subcommand("man", "print the man page (roff)");
+    // Listed for --help; main() hands `gpumem trace ...` to the tracer before parsing.
+    app.add_subcommand("trace", "trace a PyTorch model (SCRIPT.py:FUNCTION, on the meta device, with your python + torch) into a model graph file any command takes as MODEL; 'gpumem trace --help' for its flags");
 
 #ifdef GPUMEM_HAVE_SERVER
     server::ServerOptions serve_opt;

@@ -328,7 +328,8 @@ std::int64_t activation_elements(const TensorInfo& t, const ActivationContext& c
     if (e.c1 != 0) per = checked_add(per, checked_mul(e.c1, q));
     // Context parallelism: this rank's queries attend to every rank's keys.
     if (e.c2 != 0) per = checked_add(per, checked_mul(e.c2, checked_mul(q, checked_mul(key_len(t, ctx), std::max<std::int64_t>(1, ctx.cp)))));
-    return checked_mul(ctx.batch, per);
+    per = std::max<std::int64_t>(per, 0);  // a shifted tensor (c0 < 0) at s = 0
+    return t.per_batch ? checked_mul(ctx.batch, per) : per;
 }
 
 Bytes activation_bytes(const TensorInfo& t, DType dt, bool split, const ActivationContext& ctx) {

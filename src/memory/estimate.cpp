@@ -267,7 +267,7 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
             out.assumptions.push_back(std::string("attention ") + to_string(req.attention) +
                                       (req.attention == Attention::Flash ? " (SDPA/flash: no s^2 scores kept)" : " (scores and softmax kept)"));
         out.assumptions.push_back("CUDA context " + format_bytes(pg.cuda_context) + " (nvidia-smi minus reserved; override with --cuda-context)");
-        if (!g.transformer && g.params_only == 0 && train && act.loss_input > Bytes(0))
+        if (!g.transformer && !g.loss_in_forward && g.params_only == 0 && train && act.loss_input > Bytes(0))
             out.assumptions.push_back("training loop keeps the model output (" + format_bytes(act.loss_input) + ") alive through backward");
         if (dist) out.parallel = std::move(par);
         return out;

@@ -110,7 +110,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
     // The logits are vocab-parallel over tp (whole.logits is this rank's share;
     // the loss kernel's own tensors are read from the graph below).
     const Bytes logits_low = td ? whole.logits : Bytes(0);
-    const Bytes held_output = td ? Bytes(0) : whole.loss_input;  // custom loops keep `out` through backward
+    const Bytes held_output = td || g.loss_in_forward ? Bytes(0) : whole.loss_input;  // custom loops keep `out` through backward
     // The loss kernel as the job runs it (model/rewrite.hpp), on this rank: the
     // fp32 copy in flight, log_softmax's output, the loss input, what the ops
     // after the output layer save, and whether they save the logits

@@ -132,8 +132,10 @@ public:
         for (std::size_t i = 0; i < 3; ++i) {
             if (!(*v)[i].is_number_integer()) bad(key, "must hold three integers");
             c[i] = (*v)[i].get<std::int64_t>();
-            if (c[i] < 0 || c[i] > kMaxCount) bad(key, "coefficients must be between 0 and 2^40");
+            if (c[i] < (i == 0 ? -kMaxCount : 0) || c[i] > kMaxCount)
+                bad(key, i == 0 ? "c0 must be between -2^40 and 2^40" : "c1 and c2 must be between 0 and 2^40");
         }
+        if (c[0] + c[1] + c[2] < 0) bad(key, "is negative at s = 1 (c0 + c1 + c2 < 0)");
         return {c[0], c[1], c[2]};
     }
     std::vector<std::int64_t> ints(const char* key, std::int64_t lo, std::int64_t hi) const {
@@ -208,6 +210,7 @@ Block read_block(const In& in) {
         x.alias_of = static_cast<TensorId>(t.integer("alias_of", -1, -1, static_cast<std::int64_t>(i) - 1));
         x.shared_key = t.string("shared_key", std::string());
         x.axis = t.enumerated("axis", std::optional<SeqAxis>(SeqAxis::Main), kAxes, axis_name);
+        x.per_batch = t.boolean("per_batch", true);
         b.tensors.push_back(std::move(x));
     }
     const auto np = static_cast<std::int64_t>(b.params.size());
@@ -322,6 +325,7 @@ json graph_to_json(const ModelGraph& g) {
     out["notes"] = g.notes;
     out["max_positions"] = g.max_positions;
     out["has_sequence"] = g.has_sequence;
+    out["loss_in_forward"] = g.loss_in_forward;
     out["params_only"] = g.params_only;
     json blocks = json::array();
     for (const Block& b : g.blocks) {
@@ -345,7 +349,8 @@ json graph_to_json(const ModelGraph& g) {
                                {"role", role_name(t.role)},
                                {"alias_of", t.alias_of},
                                {"shared_key", t.shared_key},
-                               {"axis", axis_name(t.axis)}});
+                               {"axis", axis_name(t.axis)},
+                               {"per_batch", t.per_batch}});
         json ops = json::array();
         for (const Op& o : b.ops) {
             json saved = json::array();
@@ -439,6 +444,7 @@ Result<ModelGraph> graph_from_json(const json& doc, std::string_view origin) {
         }
         g.max_positions = in.integer("max_positions", 0, 0, std::int64_t{1} << 31);
         g.has_sequence = in.boolean("has_sequence", true);
+        g.loss_in_forward = in.boolean("loss_in_forward", false);
         g.params_only = in.integer("params_only", 0, 0, kMaxCount * 64);
         const json& blocks = in.array("blocks", g.params_only == 0);
         if (blocks.empty() && g.params_only == 0) in.bad("blocks", "must hold at least one block");

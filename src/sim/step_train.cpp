@@ -445,7 +445,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
             // next iteration rebinds it; a custom loop's `out = model(x)` likewise
             // (HF's Trainer drops the outputs and keeps the loss).
             result_refs_.push_back(em_.alloc(Bytes(4), em_.label("loss")));
-            if (!g_.transformer && !op.inputs.empty()) {
+            if (!g_.transformer && !g_.loss_in_forward && !op.inputs.empty()) {
                 const auto st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.inputs.front())]);
                 em_.ref(in.gid[st]);
                 result_refs_.push_back(in.gid[st]);
@@ -630,9 +630,19 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
         if (has_out_grad || root) {
             const bool base_tr = job_.train && !job_.lora && p.has_weight[o];
             const std::int64_t dq = em_.alloc(p.dequant[o], glabel);
+            const std::int64_t out_grad_id =
+                op.outputs.empty() ? 0 : grad[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.outputs.front())])];
             for (auto t : op.inputs) {
                 const auto ti = static_cast<std::size_t>(t);
                 if (p.dt[ti] == DType::I64 || p.dt[ti] == DType::Bool || p.dt[ti] == DType::F8_E4M3) continue;
+                const auto st = static_cast<std::size_t>(p.storage[ti]);
+                if ((op.flags & kGradViews) && out_grad_id != 0 && grad[st] == 0 && in.rg[ti] && st != st0 &&
+                    b.tensors[st].shared_key.empty()) {
+                    // A view of the output's gradient: no new memory; it keeps that buffer alive.
+                    em_.ref(out_grad_id);
+                    grad[st] = out_grad_id;
+                    continue;
+                }
                 grad_for(t);
             }
             em_.unref(dq);

@@ -25,7 +25,7 @@ from . import _gpumem
 __all__ = [
     "GpumemError", "Result", "Node", "Estimate", "Params", "Fit", "Plan", "Sweep", "Advice", "Timeline",
     "Snapshot", "Doctor", "Models", "Gpus", "Serving", "estimate", "params", "fit", "plan", "sweep", "advise", "serving",
-    "simulate", "snapshot", "doctor", "models", "gpus", "call", "fields",
+    "simulate", "snapshot", "doctor", "models", "gpus", "call", "fields", "trace",
 ]
 
 #: Raised for invalid input; ``str(e)`` is the CLI's message, ``e.field`` the
@@ -426,3 +426,19 @@ def models() -> Models:
 def gpus() -> Gpus:
     """The built-in GPU catalog (``gpumem gpus``)."""
     return Gpus(call("gpus"))
+
+
+def trace(model: Any, example_inputs: Any, **options: Any) -> Dict[str, Any]:
+    """Trace a PyTorch model on the meta device (no weights, no GPU) into
+    gpumem's model graph, a dict (written to ``out=`` when given) that every
+    function here and every CLI command takes as the model. Needs torch >= 1.13;
+    the rest of the package does not. Options and details: ``gpumem.tracer.trace``
+    (``loss``, ``out``, ``name``, ``batch_dim``, ``seq_dim``, ``has_sequence``,
+    ``seq_points``, ``cuda_semantics``, ``modern_saves``). Raises
+    ``gpumem.tracer.TraceError`` (a ValueError) when the model cannot be traced.
+
+        >>> g = gpumem.trace(lambda: MyNet(), lambda b, s: (torch.zeros(b, s, dtype=torch.long),), out="net.json")
+        >>> gpumem.estimate("net.json", batch=8, seq=2048)
+    """
+    from . import tracer
+    return tracer.trace(model, example_inputs, **options)

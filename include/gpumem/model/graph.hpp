@@ -42,6 +42,9 @@ inline constexpr int kComponentCount = 8;
 const char* component_name(Component c);
 
 struct Extent {
+    // c0 may be negative when the tensor is one token shorter than the
+    // sequence (a traced shifted loss: V*(s-1) = -V + V*s); readers check
+    // that c0 + c1 + c2 >= 0, so the count is never negative for s >= 1.
     std::int64_t c0 = 0;  // elements per sample independent of s
     std::int64_t c1 = 0;  // elements per token
     std::int64_t c2 = 0;  // elements per token^2 (attention scores)
@@ -90,6 +93,10 @@ struct TensorInfo {
     // model under this key, however many blocks and repeats save it.
     std::string shared_key;
     SeqAxis axis = SeqAxis::Main;  // the sequence its extent's s stands for
+    // false: the extent is the whole tensor, not per sample (a traced model's
+    // position ids [1, s], a causal-mask slice [1, 1, s, s], BatchNorm's
+    // per-channel statistics, a scalar loss): it does not grow with the batch.
+    bool per_batch = true;
 };
 
 // A tensor autograd keeps for the backward of an op.
@@ -116,6 +123,10 @@ enum OpFlag : std::uint8_t {
     kAttnCore = 1,     // scores/softmax/dropout of attention: dropped by selective recompute
     kLoraTarget = 2,   // reserved for adapters
     kOutputHead = 4,   // the output projection to the vocabulary (lm_head, embed_out, MLM decoder)
+    // Its backward hands each input a view of the output's gradient (cat and
+    // stack: derivatives.yaml cat_tensors_backward narrows grad), so that
+    // buffer lives until every input's gradient is consumed (a UNet's skip).
+    kGradViews = 8,
 };
 
 struct Op {
@@ -270,6 +281,12 @@ struct ModelGraph {
     std::optional<TransformerDims> transformer;
     std::int64_t max_positions = 0;  // 0: no limit known
     bool has_sequence = true;        // false for fixed-shape (CNN/MLP) models: --seq ignored
+    // The model's forward returns the loss (a traced model that computes its
+    // own loss, like HF's causal LMs): the training loop binds only the loss.
+    // false: the loop binds the model's output (`out = model(x); loss =
+    // loss_fn(out)`), which stays alive through backward. Transformer graphs
+    // follow the framework's loop instead (memory/framework.hpp).
+    bool loss_in_forward = false;
     // --params only: no graph, just a count (model states only).
     std::int64_t params_only = 0;
     std::vector<std::string> notes;  // assumptions made while loading

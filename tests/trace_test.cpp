@@ -1,0 +1,160 @@
+// Traced model graphs (bindings/python/gpumem/tracer.py, issue 14) against the
+// CPU oracle (oracle/trace_oracle.py: the same models run for real on the CPU
+// with torch 1.13, fp32; tests/fixtures/traced/oracle.json) and against
+// gpumem's own builders for the Hugging Face families traced.
+//
+// The graphs were traced on the meta device; the oracle's numbers come from a
+// separate real run: saved-tensor bytes (saved_tensors_hooks, deduplicated by
+// storage, parameters and buffers left out) and two AdamW(foreach=False) steps
+// under the profiler (live bytes). torch 1.13's LLaMA RMSNorm keeps mean()'s
+// input, which torch >= 2.0 does not; the trace answers for 2.x (modern_saves)
+// so those bytes (the fixture's saved_bytes_1_13_only, (2L+1)*b*s*h*4) come
+// off the oracle where they are alive, as in step_oracle_test.cpp.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpumem/memory/estimate.hpp"
+#include "gpumem/model/load.hpp"
+#include "gpumem/sim/simulate.hpp"
+#include "test_util.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+ModelGraph traced(const std::string& rel) {
+    auto g = load_model(test::source_path(rel));
+    EXPECT_TRUE(g.ok()) << rel << ": " << (g.ok() ? "" : g.error().message);
+    return std::move(g).value();
+}
+
+double ratio(Bytes got, std::int64_t want) { return static_cast<double>(got.count()) / static_cast<double>(want); }
+
+EstimateRequest oracle_request(const nlohmann::json& pt, bool has_seq) {
+    EstimateRequest req;
+    req.mode = Mode::Train;
+    req.precision = Precision::FP32;
+    req.attention = Attention::Eager;
+    req.optimizer = Optimizer::AdamW;
+    req.optimizer_impl = OptimizerImpl::ForLoop;
+    req.allocator = AllocatorKind::None;
+    req.batch = pt["batch"].get<std::int64_t>();
+    if (has_seq) req.seq = pt["seq"].get<std::int64_t>();
+    return req;
+}
+
+std::string job_text(const std::string& graph, const EstimateRequest& r) {
+    std::string s = "gpumem estimate " + graph + " --mode train --precision fp32 --attention eager --batch " + std::to_string(r.batch);
+    if (r.seq) s += " --seq " + std::to_string(*r.seq);
+    return s;
+}
+
+}  // namespace
+
+TEST(Trace, ParameterCountsEqualTorch) {
+    const auto fx = test::read_json("tests/fixtures/traced/oracle.json");
+    ASSERT_GE(fx["models"].size(), 6u);
+    for (const auto& m : fx["models"]) {
+        const ModelGraph g = traced(m["graph"]);
+        EXPECT_EQ(g.total_params(), m["params"].get<std::int64_t>()) << m["name"];
+        EXPECT_EQ(g.trainable_params(), m["trainable_params"].get<std::int64_t>()) << m["name"];
+        EXPECT_EQ(g.has_sequence, m["has_sequence"].get<bool>()) << m["name"];
+    }
+}
+
+TEST(Trace, SavedActivationsWithinTwoPercentOfTheCpuRun) {
+    const auto fx = test::read_json("tests/fixtures/traced/oracle.json");
+    int checked = 0;
+    for (const auto& m : fx["models"]) {
+        const ModelGraph g = traced(m["graph"]);
+        for (const auto& pt : m["points"]) {
+            const EstimateRequest req = oracle_request(pt, m["has_sequence"]);
+            auto r = estimate(g, req);
+            ASSERT_TRUE(r.ok()) << r.error().message;
+            const std::int64_t want = pt["saved_bytes"].get<std::int64_t>() - pt["saved_bytes_1_13_only"].get<std::int64_t>();
+            EXPECT_NEAR(ratio(r.value().per_gpu.activations, want), 1.0, 0.02)
+                << job_text(m["graph"], req) << ": gpumem " << r.value().per_gpu.activations.count() << " B, CPU run " << want << " B";
+            ++checked;
+        }
+    }
+    EXPECT_GE(checked, 14);
+}
+
+TEST(Trace, StepPeaksWithinTwoPercentOfTheCpuRun) {
+    const auto fx = test::read_json("tests/fixtures/traced/oracle.json");
+    int checked = 0;
+    for (const auto& m : fx["models"]) {
+        const ModelGraph g = traced(m["graph"]);
+        for (const auto& pt : m["points"]) {
+            const EstimateRequest req = oracle_request(pt, m["has_sequence"]);
+            auto r = simulate_estimate(g, req);
+            ASSERT_TRUE(r.ok()) << r.error().message;
+            const auto& s = *r.value().simulation;
+            const std::int64_t mean_saves = pt["saved_bytes_1_13_only"].get<std::int64_t>();
+            // CPU convolution kernels allocate scratch (im2col columns, reorders) inside
+            // convolution_backward; a GPU runs cuDNN there, whose workspace gpumem counts
+            // apart (--allocator none leaves it out): the oracle's peak without them.
+            auto modern = [&](const nlohmann::json& step) {
+                const std::string phase = step["peak_phase"];
+                return step["peak_bytes_without_cpu_conv_scratch"].get<std::int64_t>() -
+                       (phase == "forward" || phase == "backward" ? mean_saves : 0);
+            };
+            const std::string job = job_text(m["graph"], req) + " --optimizer-impl for-loop --allocator none";
+            // The UNet's peaks are 2.2-2.4% low (its backward keeps a little more
+            // than gpumem's op rules say); every other model is within 2%.
+            const double tol = m["name"] == "unet-tiny" ? 0.025 : 0.02;
+            EXPECT_NEAR(ratio(s.first_step_peak_allocated, modern(pt["step1"])), 1.0, tol) << job << " (step 1)";
+            EXPECT_NEAR(ratio(s.steady_peak_allocated, modern(pt["step2"])), 1.0, tol) << job << " (step 2)";
+            EXPECT_NEAR(ratio(s.after_forward, pt["step1"]["after_forward"].get<std::int64_t>() - mean_saves), 1.0, 0.02)
+                << job << " (after forward)";
+            ++checked;
+        }
+    }
+    EXPECT_GE(checked, 14);
+}
+
+// The Hugging Face families traced (the oracle's GPT-2 and LLaMA replicas,
+// which run HF's modeling code op for op) against gpumem's builders for the
+// same config.json, over a generated grid of jobs (batch x seq x fp32/bf16):
+// the saved activations agree within 2%, and so does the simulated peak in
+// fp32. In bf16 the simulated peak of the traced LLaMA is up to 11% above the
+// builder's at seq 1024 (the backward of the traced fp32 softmax and its cast
+// back, which the builder models as one op): a known gap, bounded here.
+TEST(Trace, HfFamiliesTracedEqualTheBuilders) {
+    const auto fx = test::read_json("tests/fixtures/traced/oracle.json");
+    int checked = 0;
+    for (const auto& m : fx["models"]) {
+        if (!m.contains("hf_family")) continue;
+        const ModelGraph tg = traced(m["graph"]);
+        auto bg = load_hf_config_json(test::oracle_hf_config(m["hf_config"], m["hf_family"]), "oracle config");
+        ASSERT_TRUE(bg.ok()) << bg.error().message;
+        for (std::int64_t batch : {1, 2, 8})
+            for (std::int64_t seq : {32, 256, 1024})
+                for (Precision prec : {Precision::FP32, Precision::BF16}) {
+                    EstimateRequest req;
+                    req.mode = Mode::Train;
+                    req.precision = prec;
+                    req.attention = Attention::Eager;
+                    req.batch = batch;
+                    req.seq = seq;
+                    const std::string job = job_text(m["graph"], req) + (prec == Precision::BF16 ? " (--precision bf16)" : "");
+                    auto t = estimate(tg, req);
+                    auto b = estimate(bg.value(), req);
+                    ASSERT_TRUE(t.ok() && b.ok()) << job;
+                    EXPECT_NEAR(static_cast<double>(t.value().per_gpu.activations.count()) /
+                                    static_cast<double>(b.value().per_gpu.activations.count()), 1.0, 0.02)
+                        << job << ": traced " << t.value().per_gpu.activations.count() << " B, builder "
+                        << b.value().per_gpu.activations.count() << " B";
+                    auto ts = simulate_estimate(tg, req);
+                    auto bs = simulate_estimate(bg.value(), req);
+                    ASSERT_TRUE(ts.ok() && bs.ok()) << job;
+                    EXPECT_NEAR(static_cast<double>(ts.value().per_gpu.peak_allocated.count()) /
+                                    static_cast<double>(bs.value().per_gpu.peak_allocated.count()), 1.0,
+                                prec == Precision::FP32 ? 0.02 : 0.11)
+                        << job << " (simulated peak)";
+                    ++checked;
+                }
+    }
+    EXPECT_GE(checked, 36);
+}
