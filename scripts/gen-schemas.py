@@ -41,6 +41,8 @@ SAMPLES = {
     "models": ["models"],
     "gpus": ["gpus"],
     "timeline": ["estimate gpt2 --seq 256 --timeline {tmp}/t.json"],
+    "calibrate": ["calibrate gpt2 --seq 1024 --measured-total 9GiB --analytic",
+                  "calibrate gpt2 --seq 512 --measured-allocated 3GiB --measured-reserved 4GiB --measured-total 5GiB"],
 }
 DESCRIPTIONS = {
     "estimate": "Per-GPU memory of one job part by part (per_gpu, breakdown summing to total_device), the resolved request, assumptions, and time.",
@@ -54,6 +56,7 @@ DESCRIPTIONS = {
     "serving": "A model served by an engine (vLLM, SGLang, llama.cpp): per-GPU parts (per_gpu, per_rank), KV-cache blocks and tokens, maximum concurrency, host RAM and llama.cpp's buffers, throughput per concurrency, and the error the engine would stop with.",
     "models": "The built-in model presets.",
     "gpus": "The built-in GPU catalog.",
+    "calibrate": "A calibration (docs/calibration.md): format gpumem-calibration version 1, the terms fitted to the measured job, and the job's figures before and after; saved, it is what --calibration reads.",
     "timeline": "The simulated allocator timeline of one step (gpumem estimate --timeline FILE.json, POST /v1/timeline).",
 }
 

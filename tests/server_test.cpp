@@ -79,6 +79,30 @@ TEST_F(ServerTest, EstimateMatchesApiCall) {
     EXPECT_EQ(body_json(r), gpumem::api_call("estimate", req).value());
 }
 
+TEST_F(ServerTest, CalibrateThenEstimateWithTheDocument) {
+    // POST /v1/calibrate answers the calibration document; /v1/estimate takes it
+    // inline as "calibration" (a path is refused: the service reads no files).
+    const json job = {{"model", "gpt2"}, {"batch", 4}, {"seq", 512}, {"gpu", "A100-40GB"}, {"analytic", true}};
+    json creq = job;
+    creq["measured-total"] = "9GiB";
+    auto c = client();
+    auto cal = c.Post("/v1/calibrate", creq.dump(), "application/json");
+    ASSERT_TRUE(cal);
+    ASSERT_EQ(cal->status, 200) << cal->body;
+    json ereq = job;
+    ereq["calibration"] = body_json(cal);
+    auto est = c.Post("/v1/estimate", ereq.dump(), "application/json");
+    ASSERT_TRUE(est);
+    ASSERT_EQ(est->status, 200) << est->body;
+    EXPECT_EQ(body_json(est)["per_gpu"]["total_device"], std::int64_t{9} << 30);
+    EXPECT_TRUE(body_json(est)["uncertainty"]["calibrated"].get<bool>());
+    ereq["calibration"] = "calib.json";
+    auto refused = c.Post("/v1/estimate", ereq.dump(), "application/json");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400);
+    EXPECT_EQ(body_json(refused)["error"]["field"], "calibration");
+}
+
 TEST_F(ServerTest, BadInputIs400WithField) {
     auto c = client();
     auto r = c.Post("/v1/estimate", R"({"model": "llama-3.2-1b", "batch": -1, "seq": 1024})", "application/json");

@@ -355,6 +355,9 @@
       h("div", { id: "verdict", class: p.fits ? "fits" : "nofit" }, p.fits ? `✓ Fits on ${gpu}` : `✗ Does not fit on ${gpu}`),
       h("div", { id: "total", "data-bytes": p.total_device, "data-capacity": cap },
         h("b", {}, fmtBytes(p.total_device)), ` of ${fmtBytes(cap)} per GPU (${pctOf(p.total_device, cap)}) · peak allocated ${fmtBytes(p.peak_allocated)} · reserved ${fmtBytes(p.peak_reserved)}${time}`),
+      d.uncertainty && d.uncertainty.range ? h("div", { id: "range", "data-low": d.uncertainty.range.low, "data-high": d.uncertainty.range.high, title: d.uncertainty.basis },
+        `range ${fmtBytes(d.uncertainty.range.low)} – ${fmtBytes(d.uncertainty.range.high)}: ${d.uncertainty.verdict}` +
+        (d.uncertainty.calibrated ? " (calibrated)" : ` (path ${d.uncertainty.path})`)) : null,
       breakdownBar(rows, p.total_device, cap),
       h("div", { class: "scroll" }, h("table", { id: "breakdown" },
         h("thead", {}, h("tr", {}, h("th", {}, "Component"), h("th", { class: "n opt" }, "Bytes"), h("th", { class: "n" }, "GiB"), h("th", { class: "n" }, "Share"), h("th", { class: "opt" }, "Detail"))),

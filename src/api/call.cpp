@@ -8,6 +8,7 @@
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/report/advice_render.hpp"
+#include "gpumem/report/calibrate_render.hpp"
 #include "gpumem/report/compat_render.hpp"
 #include "gpumem/report/doctor_render.hpp"
 #include "gpumem/report/fit_render.hpp"
@@ -153,6 +154,26 @@ const std::vector<std::pair<Command, Runner>>& commands() {
              if (r.other.file.empty()) fail(ErrorCode::InvalidArgument, "file", "name the JSON file of Megatron arguments (FILE)");
              return with(Command::CompatMegatron, r, take(megatron_report_from_file(r.other.file)));
          }},
+        {Command::Calibrate,
+         [](const Request& r, const CallOptions& o) {
+             CalibrateRequest cr;
+             cr.job = r.job;
+             cr.allocated = r.other.measured_allocated;
+             cr.reserved = r.other.measured_reserved;
+             cr.total = r.other.measured_total;
+             cr.simulate = !r.job.analytic;
+             if (!r.other.file.empty() || !r.other.data.empty()) {
+                 // A snapshot's replay gives the peaks the figures name.
+                 if (r.other.data.empty() && !o.allow_paths) fail(ErrorCode::InvalidArgument, "snapshot", "the service reads uploaded snapshots only: send the file's bytes as \"data\"");
+                 const sim::SnapshotOptions so = snapshot_options(r);
+                 sim::SnapshotReport rep = take(r.other.data.empty() ? sim::analyze_snapshot(r.other.file, so) : sim::analyze_snapshot_bytes(r.other.data, "upload", so));
+                 if (!rep.replay) fail(ErrorCode::InvalidArgument, "snapshot", "the snapshot could not be replayed: give --measured-allocated / --measured-reserved instead");
+                 if (!cr.allocated) cr.allocated = rep.replay->peak_allocated;
+                 if (!cr.reserved) cr.reserved = rep.replay->peak_reserved;
+                 cr.source = "snapshot " + (r.other.data.empty() ? r.other.file : std::string("upload"));
+             }
+             return with(Command::Calibrate, r, take(calibrate(cr)));
+         }},
         {Command::Models, [](const Request& r, const CallOptions&) { return with(Command::Models, r, ModelsAnswer{}); }},
         {Command::Gpus, [](const Request& r, const CallOptions&) { return with(Command::Gpus, r, GpusAnswer{}); }},
     };
@@ -180,6 +201,7 @@ struct Renderer {
     std::string operator()(const MegatronMemoryReport& r) const { return render_megatron(r, f); }
     std::string operator()(const ModelsAnswer&) const { return render_models(presets(), f); }
     std::string operator()(const GpusAnswer&) const { return render_gpus(gpu_catalog(), f); }
+    std::string operator()(const CalibrateResult& r) const { return render_calibrate(r, f); }
 };
 
 struct JsonMaker {
@@ -200,12 +222,29 @@ struct JsonMaker {
     json operator()(const MegatronMemoryReport& r) const { return megatron_to_json(r); }
     json operator()(const ModelsAnswer&) const { return models_to_json(presets()); }
     json operator()(const GpusAnswer&) const { return gpus_to_json(gpu_catalog()); }
+    json operator()(const CalibrateResult& r) const { return calibrate_to_json(r); }
 };
+
+// --calibration: a file (CLI, Python) or the document inline (JSON requests),
+// parsed once into the job that every estimate of the command reads.
+Request with_calibration(const Request& r, const CallOptions& o) {
+    Request out = r;
+    const json& c = r.other.calibration;
+    if (c.is_null()) return out;
+    if (c.is_object()) {
+        out.job.calibration = std::make_shared<const Calibration>(take(calibration_from_json(c)));
+    } else {
+        if (!o.allow_paths) fail(ErrorCode::InvalidArgument, "calibration", "the service reads no files: send the calibration document itself as \"calibration\"");
+        out.job.calibration = std::make_shared<const Calibration>(take(load_calibration(c.get<std::string>())));
+    }
+    return out;
+}
 
 }  // namespace
 
-Result<Answer> run(Command c, const Request& r, const CallOptions& o) {
+Result<Answer> run(Command c, const Request& r_in, const CallOptions& o) {
     return guarded([&]() -> Answer {
+        const Request r = with_calibration(r_in, o);
         for (const auto& [cmd, runner] : commands())
             if (cmd == c) return runner(r, o);
         fail(ErrorCode::NotFound, "command", std::string("unknown command \"") + to_string(c) + "\"");

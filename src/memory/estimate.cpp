@@ -53,7 +53,7 @@ BreakdownRow fp8_weights_row(const Job& job, const StageMemory& m) {
 
 }  // namespace
 
-Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_in) {
+Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequest& req_in) {
     auto resolved = resolve_job(g, req_in);
     if (!resolved) return resolved.error();
     return capture([&]() -> EstimateResult {
@@ -270,6 +270,16 @@ Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req_
         if (!g.transformer && !g.loss_in_forward && g.params_only == 0 && train && act.loss_input > Bytes(0))
             out.assumptions.push_back("training loop keeps the model output (" + format_bytes(act.loss_input) + ") alive through backward");
         if (dist) out.parallel = std::move(par);
+        return out;
+    });
+}
+
+Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req) {
+    auto r = analytic_estimate(g, req);
+    if (!r) return r;
+    return capture([&]() -> EstimateResult {
+        EstimateResult out = std::move(r).value();
+        finish_estimate(out);
         return out;
     });
 }

@@ -19,7 +19,8 @@ using json = nlohmann::json;
 
 constexpr std::uint32_t bit(Command c) { return 1u << static_cast<unsigned>(c); }
 constexpr std::uint32_t kJob = bit(Command::Estimate) | bit(Command::Timeline) | bit(Command::Fit) | bit(Command::Advise) |
-                               bit(Command::Plan) | bit(Command::Sweep) | bit(Command::Doctor);
+                               bit(Command::Plan) | bit(Command::Sweep) | bit(Command::Doctor) | bit(Command::Calibrate);
+constexpr std::uint32_t kCalibrated = kJob & ~bit(Command::Calibrate);  // commands that take --calibration
 constexpr std::uint32_t kServe = bit(Command::Serving);
 constexpr std::uint32_t kModelCmds = kJob | bit(Command::Params) | bit(Command::CompatDeepSpeed) | kServe;
 constexpr std::uint32_t kTime = bit(Command::Estimate) | bit(Command::Timeline) | bit(Command::Advise) | bit(Command::Plan);
@@ -29,7 +30,7 @@ constexpr std::uint8_t kLoraModes = mode_bit(Mode::Lora) | mode_bit(Mode::QLora)
 constexpr std::uint8_t kInfer = mode_bit(Mode::Infer);
 
 constexpr std::array<const char*, static_cast<std::size_t>(Command::Count)> kCommandNames{
-    "estimate", "timeline", "fit", "advise", "plan", "sweep", "doctor", "params", "snapshot", "compat-deepspeed", "compat-megatron", "models", "gpus", "serving"};
+    "estimate", "timeline", "fit", "advise", "plan", "sweep", "doctor", "params", "snapshot", "compat-deepspeed", "compat-megatron", "models", "gpus", "serving", "calibrate"};
 
 // ---- enum traits: the names come from each enum's own to_string ------------
 template <class E>
@@ -272,6 +273,12 @@ std::vector<Field> build_table() {
         row("alloc-conf", FT::String, "gpu", kJob | bit(Command::Snapshot), AT(job.alloc_conf), "PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True (snapshot: replay with these settings)"),
         row("cublas-workspace", FT::Size, "gpu", kJob, AT(job.cublas_workspace), "one cuBLAS workspace").unit("bytes").min(0).computed("8.125 MiB, 32 MiB on Hopper and newer"),
         row("analytic", FT::Bool, "gpu", kJob, AT(job.analytic), "skip the step simulation (analytic peaks only; faster)"),
+        // ---- calibration (memory/calibration.hpp, docs/calibration.md)
+        row("calibration", FT::Path, "calibration", kCalibrated, AT(other.calibration), "a calibration written by gpumem calibrate (JSON requests: the document itself): its fitted terms are added and the range comes from its residual"),
+        row("measured-allocated", FT::Size, "calibration", bit(Command::Calibrate), AT(other.measured_allocated), "calibrate: the job's torch.cuda.max_memory_allocated()").unit("bytes").min(1),
+        row("measured-reserved", FT::Size, "calibration", bit(Command::Calibrate), AT(other.measured_reserved), "calibrate: the job's torch.cuda.max_memory_reserved()").unit("bytes").min(1),
+        row("measured-total", FT::Size, "calibration", bit(Command::Calibrate), AT(other.measured_total), "calibrate: the job's GPU memory in nvidia-smi (memory.used of its process)").unit("bytes").min(1),
+        row("snapshot", FT::Path, "calibration", bit(Command::Calibrate), AT(other.file), "calibrate: a torch.cuda.memory._dump_snapshot() file of the job; its replay gives the peak allocated and reserved"),
         // ---- time
         row("mfu", FT::Number, "time", kTime, AT(compute.mfu), "end-to-end model FLOPs utilisation: step = 6ND / (GPUs x peak x MFU)").min(0).max(1).computed("predicted (docs/compute.md)"),
         row("achieved-tflops", FT::Number, "time", kTime, AT(compute.achieved_tflops), "end-to-end model TFLOP/s per GPU").unit("TFLOP/s").min(0).computed("predicted"),
@@ -308,8 +315,8 @@ std::vector<Field> build_table() {
         // ---- doctor, snapshot, compat
         row("message", FT::String, "input", bit(Command::Doctor), AT(other.message), "the 'CUDA out of memory ...' text (- reads standard input)").positional().required(),
         row("file", FT::Path, "input", bit(Command::Snapshot) | bit(Command::CompatMegatron), AT(other.file), "snapshot: torch.cuda.memory._dump_snapshot() pickle or JSON; compat megatron: JSON of Megatron arguments").positional().alias("path"),
-        row("data", FT::String, "input", bit(Command::Snapshot), AT(other.data), "the snapshot file's bytes (uploads; instead of a file)"),
-        row("device", FT::Int, "input", bit(Command::Snapshot), AT(other.device), "device index").min(0).computed("the first with a trace"),
+        row("data", FT::String, "input", bit(Command::Snapshot) | bit(Command::Calibrate), AT(other.data), "the snapshot file's bytes (uploads; instead of a file)"),
+        row("device", FT::Int, "input", bit(Command::Snapshot) | bit(Command::Calibrate), AT(other.device), "device index").min(0).computed("the first with a trace"),
         row("replay", FT::Bool, "input", bit(Command::Snapshot), AT(other.replay), "replay the trace through the allocator model (--no-replay: summary only)"),
         row("stage", FT::Int, "input", bit(Command::CompatDeepSpeed), AT(other.stage), "ZeRO stage of DeepSpeed's estimator").min(2).max(3),
         row("largest-layer-params", FT::Count, "input", bit(Command::CompatDeepSpeed), AT(other.largest_layer_params), "parameters of the largest layer (stage 3 with --params)").unit("parameters"),
@@ -532,7 +539,7 @@ const std::vector<std::pair<std::string, std::string>>& field_groups() {
     static const std::vector<std::pair<std::string, std::string>> g = {
         {"model", "Model"},       {"job", "Job"},     {"precision", "Precision and optimizer"}, {"savers", "Memory savers"},
         {"framework", "Training framework"}, {"layout", "Parallel layout"}, {"gpu", "GPU and allocator"}, {"time", "Time and cost"}, {"plan", "Planner"},
-        {"sweep", "Sweep"},       {"serving", "Serving engine"}, {"input", "Input"}, {"output", "Output"}};
+        {"sweep", "Sweep"},       {"serving", "Serving engine"}, {"calibration", "Calibration"}, {"input", "Input"}, {"output", "Output"}};
     return g;
 }
 
@@ -541,6 +548,8 @@ Result<json> canonical_value(const Field& f, const json& raw) {
         switch (f.type) {
             case FT::String:
             case FT::Path:
+                // --calibration in a JSON request may be the document itself.
+                if (f.name == "calibration" && raw.is_object()) return raw;
                 if (!raw.is_string()) bad(f, "must be a string (got " + raw.dump() + ")");
                 return raw;
             case FT::Int: return int_value(f, raw);

@@ -206,6 +206,14 @@ nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* ti
     j["breakdown"] = nlohmann::json::array();
     for (const auto& row : r.breakdown)
         j["breakdown"].push_back({{"key", row.key}, {"label", row.label}, {"bytes", row.bytes.count()}, {"detail", row.detail}});
+    {
+        const Uncertainty& u = r.uncertainty;
+        auto range = [](const Range& x) { return nlohmann::json{{"low", x.low.count()}, {"expected", x.expected.count()}, {"high", x.high.count()}}; };
+        j["uncertainty"] = {{"range", range(u.total)},         {"reserved", range(u.reserved)}, {"allocated", range(u.allocated)},
+                            {"verdict", u.verdict},             {"path", u.path},                {"rows", u.rows},
+                            {"ratio_low", u.ratio_low},         {"ratio_high", u.ratio_high},    {"calibrated", u.calibrated},
+                            {"basis", u.basis}};
+    }
     j["activations_by_block"] = nlohmann::json::array();
     for (const auto& b : r.activation_detail.blocks)
         j["activations_by_block"].push_back({{"block", b.block}, {"repeat", b.repeat}, {"per_instance", b.per_instance.count()}});
@@ -332,6 +340,8 @@ std::string render_estimate(const EstimateResult& r, Format f, const ComputeResu
         for (const auto& row : t.rows) c.rows.push_back({row[0], row[1], row[3]});
         c.rows.push_back({"capacity", std::to_string(p.capacity.count()), r.gpu().name});
         c.rows.push_back({"fits", p.fits ? "1" : "0", p.fits ? "fits" : "does not fit"});
+        c.rows.push_back({"total_device_low", std::to_string(r.uncertainty.total.low.count()), r.uncertainty.verdict});
+        c.rows.push_back({"total_device_high", std::to_string(r.uncertainty.total.high.count()), r.uncertainty.basis});
         return render_table(c, f);
     }
     std::string out;
@@ -342,14 +352,17 @@ std::string render_estimate(const EstimateResult& r, Format f, const ComputeResu
                                             format_bytes(p.total_device), format_bytes(p.capacity),
                                             100.0 * static_cast<double>(p.total_device.count()) / static_cast<double>(std::max<std::int64_t>(1, p.capacity.count())),
                                             p.peak_phase);
+    const Uncertainty& u = r.uncertainty;
+    const std::string range = fmt::format("peak {} (range {} - {}): {}; {}", format_bytes(u.total.expected), format_bytes(u.total.low),
+                                          format_bytes(u.total.high), u.verdict, u.basis);
     if (f == Format::Markdown) {
-        out += "### " + head + "\n\n**" + verdict + "**\n\n" + render_table(t, f) + "\n";
+        out += "### " + head + "\n\n**" + verdict + "**\n\n" + range + "\n\n" + render_table(t, f) + "\n";
         out += "Assumptions:\n\n";
         for (const auto& a : r.assumptions) out += "- " + a + "\n";
         for (const auto& w : r.warnings) out += "- **warning:** " + w + "\n";
         return out;
     }
-    out += head + "\n" + verdict + "\n\n" + render_table(t, f);
+    out += head + "\n" + verdict + "\n" + range + "\n\n" + render_table(t, f);
     if (r.parallel) {
         const ParallelResult& par = *r.parallel;
         Table st;

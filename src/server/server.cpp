@@ -40,7 +40,7 @@ const char* const kJson = "application/json";
 
 // The commands served as POST /v1/<command> with a JSON body.
 const std::vector<std::string>& json_commands() {
-    static const std::vector<std::string> c = {"estimate", "fit", "plan", "sweep", "advise", "doctor", "timeline"};
+    static const std::vector<std::string> c = {"estimate", "fit", "plan", "sweep", "advise", "doctor", "timeline", "calibrate"};
     return c;
 }
 
@@ -341,7 +341,7 @@ struct Server::Impl {
                     send(res, 405, error_body("method_not_allowed", req.method + " " + req.path + ": use " + (is_post ? "POST" : "GET")));
                 } else {
                     send(res, 404, error_body("not_found", "no route " + req.method + " " + req.path +
-                                                               " (POST /v1/estimate, /v1/fit, /v1/plan, /v1/sweep, /v1/advise, /v1/doctor, "
+                                                               " (POST /v1/estimate, /v1/fit, /v1/plan, /v1/sweep, /v1/advise, /v1/doctor, /v1/calibrate, "
                                                                "/v1/timeline, /v1/snapshot; GET /v1/models, /v1/gpus, /v1/fields, /healthz, / (the page))"));
                 }
             } else if (res.status == 413) {

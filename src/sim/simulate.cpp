@@ -61,8 +61,9 @@ Kind kind_of(const std::string& label) {
 }  // namespace
 
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req) {
-    auto analytic = estimate(g, req);
-    if (!analytic || req.analytic || g.params_only > 0) return analytic;
+    if (req.analytic || g.params_only > 0) return estimate(g, req);
+    auto analytic = analytic_estimate(g, req);
+    if (!analytic) return analytic;
     auto conf = sim::AllocatorConfig::parse(req.alloc_conf);
     if (!conf) return conf.error();
     auto job = resolve_job(g, req);
@@ -247,6 +248,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         // paged optimizer states and the load phase (memory/features.hpp).
         finish_outside_allocator(r, g, par.stages[static_cast<std::size_t>(chosen)], r.parallel ? r.parallel->nccl_outside : Bytes(0));
         r.simulation = std::move(s);
+        finish_estimate(r);
         return r;
     });
 }

@@ -181,6 +181,10 @@ test('the form has a control for every field of estimate, typed, grouped and pre
   const cliOut = runCli(['estimate', 'llama-3.2-1b', '--batch', '2', '--seq', '1024', '--gpu', 'A100-80GB']);
   assert.equal(BigInt(shown), BigInt(cliOut.per_gpu.total_device), 'page total_device equals the CLI');
   assert.match(await page.textContent('#verdict'), cliOut.per_gpu.fits ? /Fits/ : /not fit/);
+  // The range (issue 14): the CLI's low and high, and its verdict.
+  assert.equal(BigInt(await page.getAttribute('#range', 'data-low')), BigInt(cliOut.uncertainty.range.low), 'range low equals the CLI');
+  assert.equal(BigInt(await page.getAttribute('#range', 'data-high')), BigInt(cliOut.uncertainty.range.high), 'range high equals the CLI');
+  assert.match(await page.textContent('#range'), new RegExp(cliOut.uncertainty.verdict));
   const rows = await page.$$eval('#breakdown tbody tr[data-key]', (trs) => trs.map((tr) => tr.dataset.key));
   assert.deepEqual(rows, cliOut.breakdown.map((r) => r.key), 'breakdown rows');
   assert.match(page.url(), /batch=2/, 'settings mirrored into the URL');

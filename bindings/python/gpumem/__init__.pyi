@@ -210,6 +210,33 @@ class EstimateDictTime(TypedDict, total=False):
     decode_tokens_per_second: float
     prefill_seconds: float
 
+class EstimateDictUncertaintyAllocated(TypedDict, total=False):
+    expected: int
+    high: int
+    low: int
+
+class EstimateDictUncertaintyRange(TypedDict, total=False):
+    expected: int
+    high: int
+    low: int
+
+class EstimateDictUncertaintyReserved(TypedDict, total=False):
+    expected: int
+    high: int
+    low: int
+
+class EstimateDictUncertainty(TypedDict, total=False):
+    allocated: EstimateDictUncertaintyAllocated
+    basis: str
+    calibrated: bool
+    path: str
+    range: EstimateDictUncertaintyRange
+    ratio_high: float
+    ratio_low: float
+    reserved: EstimateDictUncertaintyReserved
+    rows: int
+    verdict: str
+
 class EstimateDictParallelCommBytesPerStep(TypedDict, total=False):
     cp: int
     dp: int
@@ -259,6 +286,7 @@ class EstimateDict(TypedDict, total=False):
     seq: int
     simulation: EstimateDictSimulation
     time: EstimateDictTime
+    uncertainty: EstimateDictUncertainty
     warnings: List[Any]
     parallel: EstimateDictParallel
 
@@ -1076,6 +1104,7 @@ def estimate(
     allocator: Optional[Literal['pytorch', 'none']] = ...,
     cublas_workspace: Optional[Union[int, str]] = ...,
     analytic: Optional[bool] = ...,
+    calibration: Optional[str] = ...,
     mfu: Optional[float] = ...,
     achieved_tflops: Optional[float] = ...,
     gemm_efficiency: Optional[float] = ...,
@@ -1161,6 +1190,7 @@ def simulate(
     allocator: Optional[Literal['pytorch', 'none']] = ...,
     cublas_workspace: Optional[Union[int, str]] = ...,
     analytic: Optional[bool] = ...,
+    calibration: Optional[str] = ...,
     mfu: Optional[float] = ...,
     achieved_tflops: Optional[float] = ...,
     gemm_efficiency: Optional[float] = ...,
@@ -1283,6 +1313,7 @@ def fit(
     allocator: Optional[Literal['pytorch', 'none']] = ...,
     cublas_workspace: Optional[Union[int, str]] = ...,
     analytic: Optional[bool] = ...,
+    calibration: Optional[str] = ...,
 ) -> Fit: ...
 
 def advise(
@@ -1354,6 +1385,7 @@ def advise(
     allocator: Optional[Literal['pytorch', 'none']] = ...,
     cublas_workspace: Optional[Union[int, str]] = ...,
     analytic: Optional[bool] = ...,
+    calibration: Optional[str] = ...,
     mfu: Optional[float] = ...,
     achieved_tflops: Optional[float] = ...,
     gemm_efficiency: Optional[float] = ...,
@@ -1438,6 +1470,7 @@ def sweep(
     allocator: Optional[Literal['pytorch', 'none']] = ...,
     cublas_workspace: Optional[Union[int, str]] = ...,
     analytic: Optional[bool] = ...,
+    calibration: Optional[str] = ...,
     batches: Optional[Union[Sequence[int], str]] = ...,
     seqs: Optional[Union[Sequence[int], str]] = ...,
 ) -> Sweep: ...
@@ -1511,6 +1544,7 @@ def plan(
     allocator: Optional[Literal['pytorch', 'none']] = ...,
     cublas_workspace: Optional[Union[int, str]] = ...,
     analytic: Optional[bool] = ...,
+    calibration: Optional[str] = ...,
     mfu: Optional[float] = ...,
     achieved_tflops: Optional[float] = ...,
     gemm_efficiency: Optional[float] = ...,
@@ -1656,6 +1690,7 @@ def doctor(
     allocator: Optional[Literal['pytorch', 'none']] = ...,
     cublas_workspace: Optional[Union[int, str]] = ...,
     analytic: Optional[bool] = ...,
+    calibration: Optional[str] = ...,
 ) -> Doctor: ...
 
 def snapshot(

@@ -23,6 +23,7 @@
 #include "gpumem/memory/serving.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/plan/advisor.hpp"
+#include "gpumem/plan/calibrate.hpp"
 #include "gpumem/plan/compat.hpp"
 #include "gpumem/plan/compute.hpp"
 #include "gpumem/plan/doctor.hpp"
@@ -49,7 +50,7 @@ struct Answer {
     Command command = Command::Estimate;
     Request request;
     std::variant<FullEstimate, ParamsAnswer, FitResult, AdviceResult, PlanResult, SweepResult, DoctorResult, sim::SnapshotReport,
-                 DeepSpeedEstimate, MegatronMemoryReport, ModelsAnswer, GpusAnswer, ServingResult>
+                 DeepSpeedEstimate, MegatronMemoryReport, ModelsAnswer, GpusAnswer, ServingResult, CalibrateResult>
         result;
 };
 

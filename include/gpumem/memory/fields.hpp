@@ -27,7 +27,7 @@ namespace gpumem {
 
 // The commands of the CLI, the HTTP service (/v1/<name>) and Python.
 enum class Command : std::uint8_t {
-    Estimate, Timeline, Fit, Advise, Plan, Sweep, Doctor, Params, Snapshot, CompatDeepSpeed, CompatMegatron, Models, Gpus, Serving, Count
+    Estimate, Timeline, Fit, Advise, Plan, Sweep, Doctor, Params, Snapshot, CompatDeepSpeed, CompatMegatron, Models, Gpus, Serving, Calibrate, Count
 };
 const char* to_string(Command);  // "estimate", ..., "compat-deepspeed"
 Result<Command> parse_command(std::string_view name);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "gpumem/memory/parallel.hpp"
 
 namespace gpumem {
+
+struct Calibration;  // memory/calibration.hpp
 
 enum class Mode { Train, Lora, QLora, Infer };
 enum class Precision { FP32, FP16, BF16, AmpFP16, AmpBF16 };
@@ -166,6 +169,10 @@ struct EstimateRequest {
     Fp8Recipe fp8_recipe = Fp8Recipe::None;    // FP8 linears: memory and time (implies --fp8 for time)
     CudaGraphs cuda_graphs = CudaGraphs::None; // CUDA graphs in training: a private pool the eager allocations cannot use
     ParallelConfig parallel;           // distributed layout (default: one GPU)
+    // --calibration (memory/calibration.hpp): terms fitted to a measured run,
+    // applied to every estimate of this request. The front end reads it from
+    // OtherInputs::calibration (a file or the document inline).
+    std::shared_ptr<const Calibration> calibration;
 };
 
 // ---- command inputs ---------------------------------------------------------
@@ -287,6 +294,13 @@ struct OtherInputs {
     std::string plot;                         // sweep: write an SVG plot here (CLI)
     std::string format = "text";              // text|json|csv|markdown (CLI)
     nlohmann::json config;                    // estimate: an uploaded config.json (service, Python)
+    // --calibration: a calibration file's path (CLI, Python) or the document
+    // itself (JSON requests); parsed into EstimateRequest::calibration.
+    nlohmann::json calibration;
+    // calibrate: what the user measured for the job (any of them).
+    std::optional<Bytes> measured_allocated;  // torch.cuda.max_memory_allocated()
+    std::optional<Bytes> measured_reserved;   // torch.cuda.max_memory_reserved()
+    std::optional<Bytes> measured_total;      // nvidia-smi "used" for the process
 };
 
 // Everything any command takes, filled only through the field table.

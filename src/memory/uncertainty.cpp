@@ -1,0 +1,117 @@
+// Error bands per prediction path and the ranges of an estimate
+// (gpumem/memory/uncertainty.hpp, gpumem/memory/calibration.hpp).
+#include "gpumem/memory/uncertainty.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "gpumem/memory/calibration.hpp"
+#include "gpumem/memory/estimate.hpp"
+#include "gpumem/memory/job.hpp"
+
+namespace gpumem {
+
+const std::vector<ErrorBand>& error_bands() {
+    static const std::vector<ErrorBand> t = {
+#include "error_bands.inc"
+    };
+    return t;
+}
+
+std::vector<std::string> band_paths(const Job& job) {
+    if (!job.train) return {"infer", "all"};
+    const ParallelConfig& c = job.layout.cfg;
+    std::string kind = c.zero > 0                                ? "zero"
+                       : c.fsdp != Fsdp::None                    ? "fsdp"
+                       : c.tp > 1 || c.pp > 1 || c.cp > 1        ? "tp-pp"
+                       : c.gpus > 1                              ? "dp"
+                                                                 : "single";
+    std::vector<std::string> out = {"train/" + kind + "/" + to_string(job.framework.framework), "train/" + kind};
+    if (kind != "single") out.emplace_back("train/distributed");
+    out.emplace_back("train");
+    out.emplace_back("all");
+    return out;
+}
+
+const ErrorBand& band_for(const Job& job) {
+    const auto& t = error_bands();
+    for (const auto& p : band_paths(job))
+        for (const auto& b : t)
+            if (p == b.path) return b;
+    return t.front();  // "all" sorts first and is always written
+}
+
+namespace {
+
+Bytes scaled(Bytes b, double f) { return Bytes(static_cast<std::int64_t>(std::llround(static_cast<double>(b.count()) * f))); }
+
+Range ratio_range(Bytes expected, double lo, double hi) { return {scaled(expected, lo), expected, scaled(expected, hi)}; }
+
+// Calibrated: the calibration's relative residual around the expected value,
+// plus the band's larger relative width applied to the change from the
+// calibrated job's uncalibrated prediction.
+Range calibrated_range(Bytes expected, Bytes uncalibrated, Bytes at_calibration, double residual, double band) {
+    const double delta = std::abs(static_cast<double>((uncalibrated - at_calibration).count()));
+    const double half = residual * static_cast<double>(expected.count()) + band * delta;
+    const auto h = Bytes(static_cast<std::int64_t>(std::llround(half)));
+    const Bytes low = expected - h;
+    return {low < Bytes(0) ? Bytes(0) : low, expected, expected + h};
+}
+
+std::string pct(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", x);
+    return buf;
+}
+
+}  // namespace
+
+void set_uncertainty(EstimateResult& r) {
+    Uncertainty& u = r.uncertainty;
+    const PerGpu& pg = r.per_gpu;
+    const ErrorBand& b = band_for(*r.job);
+    u.path = b.path;
+    const Calibration* cal = r.request().calibration.get();
+    if (!cal) {
+        u.rows = b.rows;
+        u.ratio_low = b.ratio_low;
+        u.ratio_high = b.ratio_high;
+        u.calibrated = false;
+        u.basis = "measured/predicted " + pct(b.ratio_low) + "-" + pct(b.ratio_high) + " over " + std::to_string(b.rows) +
+                  " public measurements of path " + b.path + " (5% trimmed at each end; scripts/error_bands.py)";
+        u.allocated = ratio_range(pg.peak_allocated, b.ratio_low, b.ratio_high);
+        u.reserved = ratio_range(pg.peak_reserved, b.ratio_low, b.ratio_high);
+        u.total = ratio_range(pg.total_device, b.ratio_low, b.ratio_high);
+    } else {
+        // apply_calibration() kept the uncalibrated figures in the breakdown's
+        // calibration rows: expected - those rows is the uncalibrated value.
+        Bytes extras, frag, ctx;
+        for (const auto& row : r.breakdown) {
+            if (row.key == "calibration_extras") extras = row.bytes;
+            if (row.key == "calibration_fragmentation") frag = row.bytes;
+            if (row.key == "calibration_context") ctx = row.bytes;
+        }
+        const double w = std::max(1.0 - b.ratio_low, b.ratio_high - 1.0);
+        u.rows = 0;
+        u.calibrated = true;
+        u.ratio_low = u.ratio_high = 1.0;
+        u.basis = "calibration residual " + pct(100.0 * cal->residual) + "% at the calibrated job, plus " + pct(100.0 * w) +
+                  "% (path " + b.path + "'s error band) of the change from it";
+        u.allocated = calibrated_range(pg.peak_allocated, pg.peak_allocated - extras, cal->predicted_allocated, cal->residual, w);
+        u.reserved = calibrated_range(pg.peak_reserved, pg.peak_reserved - extras - frag, cal->predicted_reserved, cal->residual, w);
+        u.total = calibrated_range(pg.total_device, pg.total_device - extras - frag - ctx, cal->predicted_total, cal->residual, w);
+    }
+    const Bytes cap = pg.capacity;
+    u.verdict = u.total.high <= cap   ? "fits"
+                : pg.fits             ? "fits, but within the error band"
+                : u.total.low <= cap  ? "does not fit, but within the error band"
+                                      : "does not fit";
+}
+
+void finish_estimate(EstimateResult& r) {
+    if (r.request().calibration) apply_calibration(r, *r.request().calibration);
+    set_uncertainty(r);
+}
+
+}  // namespace gpumem
