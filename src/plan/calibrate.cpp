@@ -74,16 +74,18 @@ Result<CalibrateResult> calibrate(const CalibrateRequest& req) {
         const Bytes ws = c.working_set;
         // Residuals at each level measured; the lowest goes to the extras, the
         // steps between levels to fragmentation and context.
-        const std::optional<Bytes> ra = req.allocated ? std::optional<Bytes>(*req.allocated - p.peak_allocated) : std::nullopt;
-        const std::optional<Bytes> rr = req.reserved ? std::optional<Bytes>(*req.reserved - p.peak_reserved) : std::nullopt;
-        const std::optional<Bytes> rt = req.total ? std::optional<Bytes>(*req.total - p.total_device) : std::nullopt;
-        const Bytes lowest = ra ? *ra : rr ? *rr : *rt;
+        // (Plain values with has_ flags: g++ 12 cannot see through nested optionals.)
+        const bool ha = req.allocated.has_value(), hr = req.reserved.has_value(), ht = req.total.has_value();
+        const Bytes ra = ha ? *req.allocated - p.peak_allocated : Bytes(0);
+        const Bytes rr = hr ? *req.reserved - p.peak_reserved : Bytes(0);
+        const Bytes rt = ht ? *req.total - p.total_device : Bytes(0);
+        const Bytes lowest = ha ? ra : hr ? rr : rt;
         c.extras = split(lowest, ws);
-        if (ra && rr) c.fragmentation = split(*rr - *ra, ws);
-        if (ra && rt && !rr) c.fragmentation = split(*rt - *ra, ws);  // reserved slack and context together
-        if (rr && rt) c.context = *rt - *rr;
-        const Bytes top_measured = req.total ? *req.total : req.reserved ? *req.reserved : *req.allocated;
-        const Bytes top_residual = rt ? *rt : rr ? *rr : *ra;
+        if (ha && hr) c.fragmentation = split(rr - ra, ws);
+        if (ha && ht && !hr) c.fragmentation = split(rt - ra, ws);  // reserved slack and context together
+        if (hr && ht) c.context = rt - rr;
+        const Bytes top_measured = ht ? *req.total : hr ? *req.reserved : *req.allocated;
+        const Bytes top_residual = ht ? rt : hr ? rr : ra;
         c.residual = std::min(1.0, std::abs(static_cast<double>(top_residual.count())) / static_cast<double>(top_measured.count()));
         c.residual = std::round(c.residual * 1e6) / 1e6;
         job.calibration = std::make_shared<const Calibration>(c);
