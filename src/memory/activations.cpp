@@ -328,7 +328,7 @@ std::int64_t activation_elements(const TensorInfo& t, const ActivationContext& c
     if (e.c1 != 0) per = checked_add(per, checked_mul(e.c1, q));
     // Context parallelism: this rank's queries attend to every rank's keys.
     if (e.c2 != 0) per = checked_add(per, checked_mul(e.c2, checked_mul(q, checked_mul(key_len(t, ctx), std::max<std::int64_t>(1, ctx.cp)))));
-    return checked_mul(ctx.batch, per);
+    return t.batch_independent ? per : checked_mul(ctx.batch, per);
 }
 
 Bytes activation_bytes(const TensorInfo& t, DType dt, bool split, const ActivationContext& ctx) {

@@ -208,6 +208,7 @@ Block read_block(const In& in) {
         x.alias_of = static_cast<TensorId>(t.integer("alias_of", -1, -1, static_cast<std::int64_t>(i) - 1));
         x.shared_key = t.string("shared_key", std::string());
         x.axis = t.enumerated("axis", std::optional<SeqAxis>(SeqAxis::Main), kAxes, axis_name);
+        x.batch_independent = t.boolean("batch_independent", false);
         b.tensors.push_back(std::move(x));
     }
     const auto np = static_cast<std::int64_t>(b.params.size());
@@ -339,13 +340,15 @@ json graph_to_json(const ModelGraph& g) {
                               {"tp_replicated", p.tp_replicated},
                               {"module", p.module}});
         json tensors = json::array();
-        for (const TensorInfo& t : b.tensors)
+        for (const TensorInfo& t : b.tensors) {
             tensors.push_back({{"name", t.name},
                                {"extent", extent_json(t.extent)},
                                {"role", role_name(t.role)},
                                {"alias_of", t.alias_of},
                                {"shared_key", t.shared_key},
                                {"axis", axis_name(t.axis)}});
+            if (t.batch_independent) tensors.back()["batch_independent"] = true;  // written only when set
+        }
         json ops = json::array();
         for (const Op& o : b.ops) {
             json saved = json::array();

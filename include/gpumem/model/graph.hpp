@@ -90,6 +90,10 @@ struct TensorInfo {
     // model under this key, however many blocks and repeats save it.
     std::string shared_key;
     SeqAxis axis = SeqAxis::Main;  // the sequence its extent's s stands for
+    // Made once per step whatever the micro-batch (BatchNorm's per-channel
+    // save_mean/save_invstd, a rotary cos/sin table, a [s, s] mask): its
+    // extent is the whole tensor, not one sample's share (imported graphs).
+    bool batch_independent = false;
 };
 
 // A tensor autograd keeps for the backward of an op.
