@@ -69,8 +69,11 @@ TEST(Onnx, BatchNormRunningStatsAreBuffers) {
     // TinyCNN: bn1 (8 channels) and bn2 (16): running_mean + running_var = 2 * (8 + 16) elements.
     const ModelGraph g = load("cnn_train");
     EXPECT_EQ(g.total_params() - g.trainable_params(), 2 * (8 + 16));
-    for (const Param& p : g.blocks.at(0).params)
-        if (p.name.find("running_") != std::string::npos) EXPECT_FALSE(p.trainable) << p.name;
+    for (const Param& p : g.blocks.at(0).params) {
+        if (p.name.find("running_") != std::string::npos) {
+            EXPECT_FALSE(p.trainable) << p.name;
+        }
+    }
 }
 
 TEST(Onnx, TrainingSavedTensorsWithinTwoPercentOfOracle) {

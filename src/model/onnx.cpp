@@ -1532,6 +1532,12 @@ ModelGraph Reader::lower() {
         notes_.push_back("the graph computes its own loss: --loss " + opts_.loss + " ignored");
     }
 
+    // Constant operands have no tensor: drop them from op lists.
+    for (Op& o : bb.block().ops) {
+        std::erase_if(o.inputs, [](TensorId t) { return t < 0; });
+        std::erase_if(o.outputs, [](TensorId t) { return t < 0; });
+        std::erase_if(o.saved, [](const SavedRef& r) { return r.tensor < 0; });
+    }
     ModelGraph g;
     g.name = g_.name().empty() || g_.name() == "main_graph" || g_.name() == "torch_jit" ? "onnx" : g_.name();
     g.family = "onnx";
