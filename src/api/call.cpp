@@ -80,7 +80,7 @@ const std::vector<std::pair<Command, Runner>>& commands() {
          [](const Request& r, const CallOptions&) {
              if (!r.job.params_count && r.job.model.empty())
                  fail(ErrorCode::InvalidArgument, "model", "params: name a model (preset, config.json, folder, layer-list JSON) or give --params");
-             ModelGraph g = r.job.params_count ? params_only_graph(*r.job.params_count) : take(load_model(r.job.model));
+             ModelGraph g = r.job.params_count ? params_only_graph(*r.job.params_count) : take(load_model(r.job.model, model_options(r.job)));
              ParamSummary s = summarize_params(g);
              return with(Command::Params, r, ParamsAnswer{std::move(g), std::move(s)});
          }},

@@ -293,7 +293,7 @@ Result<EstimateResult> estimate(const EstimateRequest& req) {
     }
     if (req.model.empty())
         return Error{ErrorCode::InvalidArgument, "no model given: name a preset (gpumem models), a config.json, a model folder, a layer-list JSON, or use --params", "model"};
-    auto g = load_model(req.model);
+    auto g = load_model(req.model, model_options(req));
     if (!g) return g.error();
     return estimate(g.value(), req);
 }

@@ -199,6 +199,7 @@ std::vector<Field> build_table() {
         row("activation-offload", FT::Bool, "savers", kJob, AT(job.activation_offload), "saved activations offloaded to CPU memory (torchtune enable_activation_offloading, Unsloth)").modes(kTrainModes),
         // ---- framework (memory/framework.hpp)
         row("framework", FT::Enum, "framework", kJob, AT(job.framework), "training framework whose loop, modeling code and precision policy the step follows (docs/frameworks.md)").computed("hf (Trainer / accelerate / TRL)"),
+        row("loss", FT::Enum, "job", kJob, AT(job.loss), "loss appended to an ONNX model whose graph output is not a loss: out.sum(), out.mean(), cross-entropy over the last dim with int64 labels, or none (docs/onnx.md)").values({"sum", "mean", "cross-entropy", "none"}).computed("sum").modes(kTrainModes),
         row("cross-entropy", FT::Enum, "framework", kJob, AT(job.cross_entropy), "loss kernel: full fp32 cross-entropy, chunked, fused (no fp32 copy) or fused-linear (no logits)").computed("the framework's").modes(kTrainModes),
         row("logits", FT::Enum, "framework", kJob, AT(job.logits), "whether the loop still holds the logits during backward").computed("the framework's").modes(kTrainModes),
         row("kernels", FT::Enum, "framework", kJob, AT(job.kernels), "modeling code: Hugging Face eager modules, fused kernels (RMSNorm, SwiGLU, RoPE) or Transformer Engine layers").computed("the framework's"),

@@ -812,7 +812,7 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
                   (quant.empty() ? std::string("Q4_K_M") : quant));
         check(!quant.empty(), "quant",
               "llama.cpp serves GGUF files: give the .gguf file, or name its file type with --quant (e.g. --quant Q4_K_M, Q8_0, F16)");
-        const ModelGraph g = take(load_model(job.model));
+        const ModelGraph g = take(load_model(job.model, model_options(job)));
         check(!g.transformer || g.transformer->linear_layers.empty(), "model",
               "llama.cpp's recurrent state for linear-attention layers (Qwen3-Next) is not modelled here; gpumem serving answers for this model with "
               "--engine vllm");

@@ -36,7 +36,7 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
               "--cpu-offload-gb is modelled for vLLM only (--engine vllm)");
         check((!o.data_parallel_size && !o.enable_expert_parallel) || o.engine.value_or(Engine::VLLM) == Engine::VLLM, "data-parallel-size",
               "--data-parallel-size and --enable-expert-parallel are modelled for vLLM only (--engine vllm)");
-        const ModelGraph g = take(load_model(job.model));
+        const ModelGraph g = take(load_model(job.model, model_options(job)));
         check(g.transformer.has_value(), "model", "serving needs a transformer model (its layers, heads and vocabulary)");
         if (o.engine == Engine::SGLang) return sglang_memory(g, job, o);
         if (o.engine == Engine::TGI) return tgi_memory(g, job, o);

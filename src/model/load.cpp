@@ -554,7 +554,7 @@ Result<ModelGraph> load_hf_cached(const std::string& model_id) {
 // ---------------------------------------------------------------------------
 // Dispatch
 // ---------------------------------------------------------------------------
-Result<ModelGraph> load_model(const std::string& spec) {
+Result<ModelGraph> load_model(const std::string& spec, const OnnxOptions& onnx) {
     if (spec.empty())
         return Error{ErrorCode::InvalidArgument,
                      "no model given: name a built-in preset (run 'gpumem models'), a config.json, a model folder "
@@ -564,6 +564,7 @@ Result<ModelGraph> load_model(const std::string& spec) {
     if (fs::is_directory(spec, ec)) return load_model_dir(spec);
     if (fs::exists(spec, ec)) {
         return detail::guard([&]() -> Result<ModelGraph> {
+            if (fs::path(spec).extension() == ".onnx") return take(load_onnx_file(spec, onnx));
             if (fs::path(spec).extension() == ".safetensors")
                 fail(ErrorCode::InvalidArgument, spec,
                      spec +

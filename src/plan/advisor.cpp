@@ -222,7 +222,7 @@ struct Eval {
 Result<AdviceResult> advise(const AdviceRequest& ar) {
     if (ar.base.params_count)
         return Error{ErrorCode::InvalidArgument, "advise needs a model graph (a preset, config.json, folder or layer-list JSON), not --params", "params"};
-    auto g = load_model(ar.base.model);
+    auto g = load_model(ar.base.model, model_options(ar.base));
     if (!g) return g.error();
     const ModelGraph& graph = g.value();
     auto eval = [&](const EstimateRequest& r) {

@@ -676,7 +676,7 @@ Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const Comput
                               : (req.model.empty() ? Result<ModelGraph>(Error{ErrorCode::InvalidArgument,
                                                                                 "no model given: name a preset (gpumem models), a config.json, a model folder, a layer-list JSON, or use --params",
                                                                                 "model"})
-                                                   : load_model(req.model));
+                                                   : load_model(req.model, model_options(req)));
     if (!g) return g.error();
     auto mem = simulate_estimate(g.value(), req);
     if (!mem) return mem.error();

@@ -127,7 +127,7 @@ FitAxis search(const ModelGraph& g, const FitRequest& fr, bool batch_axis) {
 Result<FitResult> fit(const FitRequest& fr) {
     if (fr.base.params_count)
         return Error{ErrorCode::InvalidArgument, "fit needs a model graph (a preset, config.json, folder or layer-list JSON), not --params", "params"};
-    auto g = load_model(fr.base.model);
+    auto g = load_model(fr.base.model, model_options(fr.base));
     if (!g) return g.error();
     // Validate the settings once with the request as given (batch/seq aside).
     EstimateRequest check = fr.base;

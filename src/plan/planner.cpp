@@ -110,7 +110,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     if (!(pr.headroom >= 0 && pr.headroom < 1)) return Error{ErrorCode::InvalidArgument, "--headroom must be in [0, 100%)", "headroom"};
     if (pr.base.parallel.gpus < 1) return Error{ErrorCode::InvalidArgument, "--gpus must be a positive number of GPUs", "gpus"};
     if (pr.global_batch < 0) return Error{ErrorCode::InvalidArgument, "--global-batch must be a positive number of sequences", "global-batch"};
-    auto gr = load_model(pr.base.model);
+    auto gr = load_model(pr.base.model, model_options(pr.base));
     if (!gr) return gr.error();
     const ModelGraph& g = gr.value();
     if (!g.transformer) return Error{ErrorCode::InvalidArgument, "plan needs a transformer model (preset or config.json)", "model"};

@@ -54,7 +54,7 @@ Result<ServingResult> with_serving_throughput(ServingResult r, std::optional<std
                                     "bandwidth; prompts prefilled at half its dense fp16 rate (quantized kernels not calibrated)");
             return r;
         }
-        const ModelGraph g = take(load_model(job.model));
+        const ModelGraph g = take(load_model(job.model, model_options(job)));
         std::vector<std::int64_t> levels;
         for (std::int64_t c = 1; c < cap; c *= 2) levels.push_back(c);
         levels.push_back(cap);

@@ -249,7 +249,7 @@ Result<SweepResult> sweep(const SweepRequest& req) {
         } else {
             if (req.base.model.empty())
                 return Error{ErrorCode::InvalidArgument, "no model given: name a preset (gpumem models), a config.json, a model folder, a layer-list JSON, or use --params", "model"};
-            auto loaded = load_model(req.base.model);
+            auto loaded = load_model(req.base.model, model_options(req.base));
             if (!loaded) return loaded.error();
             g = std::move(loaded).value();
         }

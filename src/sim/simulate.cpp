@@ -256,7 +256,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
 Result<EstimateResult> simulate_estimate(const EstimateRequest& req) {
     if (req.params_count) return estimate(req);
     if (req.model.empty()) return estimate(req);
-    auto g = load_model(req.model);
+    auto g = load_model(req.model, model_options(req));
     if (!g) return g.error();
     return simulate_estimate(g.value(), req);
 }

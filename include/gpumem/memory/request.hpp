@@ -17,6 +17,7 @@
 #include "gpumem/core/dtype.hpp"
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/parallel.hpp"
+#include "gpumem/model/onnx.hpp"
 
 namespace gpumem {
 
@@ -105,6 +106,9 @@ const char* to_string(RecomputeMethod);
 struct EstimateRequest {
     std::string model;                 // preset name, path, or "" with params_count
     std::optional<std::int64_t> params_count;  // --params 7B
+    // Loss of an ONNX model whose graph output is not a loss (sum, mean,
+    // cross-entropy, none; unset: sum with a note). Other models ignore it.
+    std::optional<std::string> loss;
     Mode mode = Mode::Train;
     std::int64_t batch = 1;            // micro-batch per GPU
     std::optional<std::int64_t> seq;   // default: min(2048, model max positions)
@@ -178,6 +182,13 @@ struct EstimateRequest {
 // ---- command inputs ---------------------------------------------------------
 // Plain data read by the plan layer (time model, planner, sweep): defined with
 // the request so that the one field table (memory/fields.hpp) can fill them.
+
+// How load_model reads this request's MODEL (its ONNX loss).
+inline OnnxOptions model_options(const EstimateRequest& r) {
+    OnnxOptions o;
+    o.loss = r.loss.value_or("");
+    return o;
+}
 
 struct ComputeOptions {
     // End-to-end model FLOPs utilisation (PaLM's MFU): step = 6ND / (GPUs x

@@ -21,6 +21,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "gpumem/core/result.hpp"
+#include "gpumem/model/onnx.hpp"
 #include "gpumem/model/graph.hpp"
 
 namespace gpumem {
@@ -39,7 +40,8 @@ const std::vector<PresetInfo>& presets();
 // The embedded config.json text of a preset, or nullptr.
 const char* preset_config_text(std::string_view name);
 
-Result<ModelGraph> load_model(const std::string& spec);
+// `onnx`: how a .onnx MODEL is read (its --loss); other sources ignore it.
+Result<ModelGraph> load_model(const std::string& spec, const OnnxOptions& onnx = {});
 Result<ModelGraph> load_preset(std::string_view name);
 Result<ModelGraph> load_hf_config_file(const std::string& path);
 Result<ModelGraph> load_hf_config_json(const nlohmann::json& config, std::string_view origin);
