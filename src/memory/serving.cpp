@@ -10,6 +10,7 @@
 #include "gpumem/memory/gpu_catalog.hpp"
 #include "gpumem/memory/llamacpp.hpp"
 #include "gpumem/memory/parallel.hpp"
+#include "gpumem/memory/uncertainty.hpp"
 #include "gpumem/model/load.hpp"
 #include "serving_internal.hpp"
 
@@ -18,8 +19,24 @@ namespace gpumem {
 using engine_args::check;
 using namespace serving_detail;
 
+namespace {
+
+ServingResult serving_answer(const EstimateRequest& job_in, const ServingOptions& o_in);
+
+}  // namespace
+
 Result<ServingResult> serving_memory(const EstimateRequest& job_in, const ServingOptions& o_in) {
     return capture([&]() -> ServingResult {
+        ServingResult r = serving_answer(job_in, o_in);
+        set_serving_uncertainty(r);
+        return r;
+    });
+}
+
+namespace {
+
+ServingResult serving_answer(const EstimateRequest& job_in, const ServingOptions& o_in) {
+    {
         EstimateRequest job = job_in;
         ServingOptions o = o_in;
         apply_engine_command(o.command, o, job);
@@ -42,7 +59,9 @@ Result<ServingResult> serving_memory(const EstimateRequest& job_in, const Servin
         if (o.engine == Engine::TGI) return tgi_memory(g, job, o);
         if (o.engine == Engine::TRTLLM) return trtllm_memory(g, job, o);
         return vllm_memory(g, job, o);
-    });
+    }
 }
+
+}  // namespace
 
 }  // namespace gpumem

@@ -58,6 +58,37 @@ std::string with_commas(std::int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// Ranges from the measured error of this engine's logged figures (memory/uncertainty.hpp).
+nlohmann::json uncertainty_json(const ServingUncertainty& u) {
+    return {{"kv_band", {{"path", u.kv_path}, {"rows", u.kv_rows}, {"ratio_low", u.kv_ratio_low}, {"ratio_high", u.kv_ratio_high}}},
+            {"kv_bytes_band", {{"path", u.kv_bytes_path}, {"ratio_low", u.kv_bytes_ratio_low}, {"ratio_high", u.kv_bytes_ratio_high}}},
+            {"weights_band", {{"path", u.weights_path}, {"rows", u.weights_rows}, {"ratio_low", u.weights_ratio_low}, {"ratio_high", u.weights_ratio_high}}},
+            {"kv_cache", {{"low", u.kv_cache_low.count()}, {"high", u.kv_cache_high.count()}}},
+            {"kv_cache_tokens", {{"low", u.kv_tokens_low}, {"high", u.kv_tokens_high}}},
+            {"max_concurrency", {{"low", u.concurrency_low}, {"high", u.concurrency_high}}},
+            {"weights", {{"low", u.weights_low.count()}, {"high", u.weights_high.count()}}}};
+}
+
+// The ranges' line for people.
+std::string serving_range_line(const ServingResult& r) {
+    const ServingUncertainty& u = r.uncertainty;
+    const bool llama = r.engine == "llama.cpp";
+    std::string out = "range: ";
+    if (llama)
+        out += "KV buffer " + format_bytes(u.kv_cache_low) + " - " + format_bytes(u.kv_cache_high);
+    else
+        out += "KV cache " + with_commas(u.kv_tokens_low) + " - " + with_commas(u.kv_tokens_high) + " tokens, " + fixed(u.concurrency_low, 2) + " - " +
+               fixed(u.concurrency_high, 2) + "x";
+    out += "; weights " + format_bytes(u.weights_low) + " - " + format_bytes(u.weights_high) + " per rank (measured/predicted " +
+           fixed(u.kv_ratio_low, 3) + "-" + fixed(u.kv_ratio_high, 3) + " over " + std::to_string(u.kv_rows) + " " + r.engine + " logs, band " + u.kv_path +
+           "; scripts/error_bands.py)\n";
+    return out;
+}
+
+}  // namespace
+
 nlohmann::json serving_to_json(const ServingResult& r) {
     nlohmann::json ranks = nlohmann::json::array();
     for (const auto& p : r.per_rank) ranks.push_back(per_gpu_json(p));
@@ -94,7 +125,8 @@ nlohmann::json serving_to_json(const ServingResult& r) {
             {"llamacpp", llamacpp_json(r.llamacpp)},
             {"fit_max_model_len", r.fit_max_model_len},
             {"error", r.error},
-            {"assumptions", r.assumptions}};
+            {"assumptions", r.assumptions},
+            {"uncertainty", uncertainty_json(r.uncertainty)}};
 }
 
 namespace {
@@ -141,6 +173,7 @@ std::string render_llamacpp(const ServingResult& r, Format f) {
            (d.kv_unified && d.n_parallel > 1 ? ", shared" : "") + "); K " + d.type_k + ", V " + d.type_v + "; flash attention " + (d.flash_attn ? "on" : "off") + "\n";
     out += "fits: -ngl up to " + (d.fit_gpu_layers < 0 ? std::string("none") : std::to_string(d.fit_gpu_layers)) + " with these settings; -c up to " +
            with_commas(d.fit_ctx_size) + " with -ngl " + std::to_string(d.n_gpu_layers) + "\n";
+    out += serving_range_line(r);
     if (!r.error.empty()) out += "llama.cpp would stop with: " + r.error + "\n";
     std::string types;
     for (const auto& [ty, n] : d.tensor_types) types += (types.empty() ? "" : ", ") + ty + " " + std::to_string(n);
@@ -223,6 +256,7 @@ std::string render_serving(const ServingResult& r, Format f) {
     else
         out += "GPU KV cache size: " + with_commas(r.kv_cache_tokens) + " tokens; maximum concurrency for " + with_commas(r.max_model_len) +
                " tokens per request: " + fixed(r.max_concurrency, 2) + "x (" + with_commas(r.kv_cache_blocks) + " blocks of " + std::to_string(r.block_size) + ")\n";
+    out += serving_range_line(r);
     if (r.request_len != r.max_model_len)
         out += "requests of " + with_commas(r.request_len) + " tokens at once: " + fixed(r.concurrency_at_request_len, 2) + "x\n";
     if (!r.error.empty()) out += r.engine + " would stop with: " + r.error + "\n";

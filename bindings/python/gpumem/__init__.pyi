@@ -406,6 +406,48 @@ class FitDictPerRankItem(TypedDict, total=False):
     total_device: int
     weights: int
 
+class FitDictUncertaintyKvBand(TypedDict, total=False):
+    path: str
+    ratio_high: float
+    ratio_low: float
+    rows: int
+
+class FitDictUncertaintyKvBytesBand(TypedDict, total=False):
+    path: str
+    ratio_high: float
+    ratio_low: float
+
+class FitDictUncertaintyKvCache(TypedDict, total=False):
+    high: int
+    low: int
+
+class FitDictUncertaintyKvCacheTokens(TypedDict, total=False):
+    high: int
+    low: int
+
+class FitDictUncertaintyMaxConcurrency(TypedDict, total=False):
+    high: float
+    low: float
+
+class FitDictUncertaintyWeights(TypedDict, total=False):
+    high: int
+    low: int
+
+class FitDictUncertaintyWeightsBand(TypedDict, total=False):
+    path: str
+    ratio_high: float
+    ratio_low: float
+    rows: int
+
+class FitDictUncertainty(TypedDict, total=False):
+    kv_band: FitDictUncertaintyKvBand
+    kv_bytes_band: FitDictUncertaintyKvBytesBand
+    kv_cache: FitDictUncertaintyKvCache
+    kv_cache_tokens: FitDictUncertaintyKvCacheTokens
+    max_concurrency: FitDictUncertaintyMaxConcurrency
+    weights: FitDictUncertaintyWeights
+    weights_band: FitDictUncertaintyWeightsBand
+
 class FitDict(TypedDict, total=False):
     assumptions: List[str]
     batch: FitDictBatch
@@ -437,6 +479,7 @@ class FitDict(TypedDict, total=False):
     request_len: int
     throughput: List[Any]
     tp: int
+    uncertainty: FitDictUncertainty
 
 class Fit(Result):
     def to_dict(self) -> FitDict: ...
@@ -995,6 +1038,48 @@ class ServingDictThroughputItem(TypedDict, total=False):
     tokens_per_second_per_request: float
     ttft_seconds: float
 
+class ServingDictUncertaintyKvBand(TypedDict, total=False):
+    path: str
+    ratio_high: float
+    ratio_low: float
+    rows: int
+
+class ServingDictUncertaintyKvBytesBand(TypedDict, total=False):
+    path: str
+    ratio_high: float
+    ratio_low: float
+
+class ServingDictUncertaintyKvCache(TypedDict, total=False):
+    high: int
+    low: int
+
+class ServingDictUncertaintyKvCacheTokens(TypedDict, total=False):
+    high: int
+    low: int
+
+class ServingDictUncertaintyMaxConcurrency(TypedDict, total=False):
+    high: float
+    low: float
+
+class ServingDictUncertaintyWeights(TypedDict, total=False):
+    high: int
+    low: int
+
+class ServingDictUncertaintyWeightsBand(TypedDict, total=False):
+    path: str
+    ratio_high: float
+    ratio_low: float
+    rows: int
+
+class ServingDictUncertainty(TypedDict, total=False):
+    kv_band: ServingDictUncertaintyKvBand
+    kv_bytes_band: ServingDictUncertaintyKvBytesBand
+    kv_cache: ServingDictUncertaintyKvCache
+    kv_cache_tokens: ServingDictUncertaintyKvCacheTokens
+    max_concurrency: ServingDictUncertaintyMaxConcurrency
+    weights: ServingDictUncertaintyWeights
+    weights_band: ServingDictUncertaintyWeightsBand
+
 class ServingDict(TypedDict, total=False):
     assumptions: List[str]
     block_size: int
@@ -1024,6 +1109,7 @@ class ServingDict(TypedDict, total=False):
     schema_version: int
     throughput: List[ServingDictThroughputItem]
     tp: int
+    uncertainty: ServingDictUncertainty
 
 class Serving(Result):
     def to_dict(self) -> ServingDict: ...

@@ -75,6 +75,22 @@ struct ServingThroughput {
     bool memory_bound = true;              // decode limited by bandwidth (true) or compute
 };
 
+// How sure a serving answer is (memory/uncertainty.hpp): low / high of the
+// KV cache (bytes and tokens) and the concurrency, and of the weights per
+// rank, from the measured error of this engine's logged figures
+// (scripts/serving_accuracy.py's engine logs, bands by scripts/error_bands.py).
+struct ServingUncertainty {
+    std::string kv_path, kv_bytes_path, weights_path;  // the bands' keys, e.g. "serve/vllm/kv_tokens"
+    std::int64_t kv_rows = 0, weights_rows = 0;
+    double kv_ratio_low = 1, kv_ratio_high = 1;  // measured / predicted: KV tokens and concurrency
+    double kv_bytes_ratio_low = 1, kv_bytes_ratio_high = 1;  // the KV cache's bytes
+    double weights_ratio_low = 1, weights_ratio_high = 1;
+    Bytes kv_cache_low, kv_cache_high;
+    std::int64_t kv_tokens_low = 0, kv_tokens_high = 0;
+    double concurrency_low = 0, concurrency_high = 0;
+    Bytes weights_low, weights_high;
+};
+
 struct ServingResult {
     EstimateRequest job;        // the request as the engine's command line set it (model, layout, dtypes)
     std::string model_name;
@@ -103,6 +119,7 @@ struct ServingResult {
     std::optional<LlamaCppDetail> llamacpp;
     std::string error;                    // the error vLLM would stop with ("" when it starts)
     std::vector<std::string> assumptions;
+    ServingUncertainty uncertainty;
 };
 
 // SGLang's KV pool from the memory it measures (model_runner.py

@@ -19,6 +19,7 @@ namespace gpumem {
 
 struct Job;
 struct EstimateResult;
+struct ServingResult;
 
 struct ErrorBand {
     const char* path;
@@ -34,7 +35,15 @@ std::vector<std::string> band_paths(const Job& job);
 // The band for the job: the most specific path with enough rows.
 const ErrorBand& band_for(const Job& job);
 
+// The first of `paths` with a band, else "all".
+const ErrorBand& band_for_paths(const std::vector<std::string>& paths);
+
 // Sets r.uncertainty from the band (or, with a calibration, from it).
 void set_uncertainty(EstimateResult& r);
+
+// Sets a serving answer's ranges: the KV cache (tokens for vLLM, SGLang, TGI
+// and TensorRT-LLM, the KV buffer for llama.cpp) and the weights, from the
+// bands serve/<engine>/<figure> -> serve/<figure> -> serve.
+void set_serving_uncertainty(ServingResult& r);
 
 }  // namespace gpumem
