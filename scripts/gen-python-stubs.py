@@ -44,6 +44,9 @@ def call(command: str, body: Optional[Dict[str, Any]] = ...) -> Dict[str, Any]: 
 def fields(command: Optional[str] = ...) -> List[Dict[str, Any]]: ...
 def models() -> Models: ...
 def gpus() -> Gpus: ...
+def trace(model: Any, example_inputs: Any, *, loss: Any = ..., out: Optional[str] = ..., name: Optional[str] = ...,
+          batch_dim: int = ..., seq_dim: Optional[int] = ..., seq_points: Sequence[int] = ...,
+          has_sequence: Optional[bool] = ..., cuda_semantics: bool = ..., modern_saves: bool = ...) -> Dict[str, Any]: ...
 '''
 
 # function name, command, result class, leading positional parameters
@@ -56,6 +59,7 @@ FUNCS = [
     ("sweep", "sweep", "Sweep", "model: Optional[str] = ..."),
     ("plan", "plan", "Plan", "model: Optional[str] = ..."),
     ("serving", "serving", "Serving", "model: Optional[str] = ..."),
+    ("calibrate", "calibrate", "Result", 'model: Optional[str] = ..., out: Optional[Union[str, "os.PathLike[str]"]] = ...'),
     ("doctor", "doctor", "Doctor", "message: str"),
     ("snapshot", "snapshot", "Snapshot", 'path: Union[str, "os.PathLike[str]"], alloc_conf: Optional[str] = ...'),
 ]

@@ -31,16 +31,11 @@ ModelGraph traced(const std::string& rel) {
 
 double ratio(Bytes got, std::int64_t want) { return static_cast<double>(got.count()) / static_cast<double>(want); }
 
+// The step oracles' request (fp32, eager, for-loop AdamW, live bytes only);
+// fixed-shape models take no sequence.
 EstimateRequest oracle_request(const nlohmann::json& pt, bool has_seq) {
-    EstimateRequest req;
-    req.mode = Mode::Train;
-    req.precision = Precision::FP32;
-    req.attention = Attention::Eager;
-    req.optimizer = Optimizer::AdamW;
-    req.optimizer_impl = OptimizerImpl::ForLoop;
-    req.allocator = AllocatorKind::None;
-    req.batch = pt["batch"].get<std::int64_t>();
-    if (has_seq) req.seq = pt["seq"].get<std::int64_t>();
+    EstimateRequest req = test::oracle_step_request(pt);
+    if (!has_seq) req.seq.reset();
     return req;
 }
 

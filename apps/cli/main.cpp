@@ -289,6 +289,7 @@ int main(int argc, char** argv) {
                 for (const auto& w : fe->memory.warnings) std::fprintf(stderr, "gpumem: warning: %s\n", w.c_str());
                 if (!req.other.timeline.empty()) write_timeline(fe->memory, req.other.timeline);
             }
+            if (s.command == Command::Calibrate && !req.other.out.empty()) write_file(req.other.out, render(a, Format::Json), "--out");
             if (const auto* sw = std::get_if<SweepResult>(&a.result); sw && !req.other.plot.empty())
                 write_file(req.other.plot, render_sweep_svg(*sw, sw->model_name + " on " + sw->gpu, sw->capacity), "--plot");
             std::fputs(render(a, take(parse_format(req.other.format))).c_str(), stdout);

@@ -37,7 +37,7 @@ const std::vector<CommandInfo>& command_infos() {
         {Command::CompatMegatron, "compat megatron", "Megatron-LM's theoretical memory report for a Megatron argument set (JSON)",
          {"gpumem compat megatron gpt3-175b-args.json"}},
         {Command::Calibrate, "calibrate", "fit the unknowns (framework extras, fragmentation, CUDA context) to a job you measured; save the JSON and pass it to any command with --calibration",
-         {"gpumem calibrate bert-large-uncased --gpu V100-16GB --seq 512 --batch 4 --attention eager --precision fp32 --measured-total 14949MiB --format json > calib.json",
+         {"gpumem calibrate bert-large-uncased --gpu V100-16GB --seq 512 --batch 4 --attention eager --precision fp32 --measured-total 14949MiB --out calib.json",
           "gpumem estimate bert-large-uncased --gpu V100-16GB --seq 512 --batch 1 --grad-accum 4 --attention eager --precision fp32 --calibration calib.json",
           "gpumem calibrate llama-3.2-1b --batch 4 --seq 2048 --gpu A100-40GB --snapshot snapshot.pickle --measured-total 31GiB"}},
         {Command::Models, "models", "list the built-in model presets", {"gpumem models", "gpumem models --format json"}},

@@ -326,6 +326,7 @@ std::vector<Field> build_table() {
         row("format", FT::Enum, "output", kEveryCommand, AT(other.format), "output format").values(formats).cli_only(),
         row("timeline", FT::Path, "output", bit(Command::Estimate), AT(other.timeline), "write the simulated memory timeline to FILE (.csv, .json or .svg)").cli_only(),
         row("plot", FT::Path, "output", bit(Command::Sweep), AT(other.plot), "write an SVG plot of the sweep to FILE").cli_only(),
+        row("out", FT::Path, "output", bit(Command::Calibrate), AT(other.out), "write the calibration document to FILE (what --calibration reads; the same as --format json)").cli_only(),
     };
     std::vector<Field> out;
     const Request def;

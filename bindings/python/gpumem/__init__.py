@@ -25,7 +25,7 @@ from . import _gpumem
 __all__ = [
     "GpumemError", "Result", "Node", "Estimate", "Params", "Fit", "Plan", "Sweep", "Advice", "Timeline",
     "Snapshot", "Doctor", "Models", "Gpus", "Serving", "estimate", "params", "fit", "plan", "sweep", "advise", "serving",
-    "simulate", "snapshot", "doctor", "models", "gpus", "call", "fields", "trace",
+    "simulate", "snapshot", "doctor", "models", "gpus", "call", "fields", "trace", "calibrate",
 ]
 
 #: Raised for invalid input; ``str(e)`` is the CLI's message, ``e.field`` the
@@ -381,6 +381,21 @@ def serving(model: Optional[str] = None, **options: Any) -> Serving:
     engine's own command line as a list (``["vllm", "serve", MODEL, ...]``).
     Keywords: the fields of ``gpumem.fields("serving")``."""
     return Serving(call("serving", _body("serving", "serving", dict(options, model=model))))
+
+
+def calibrate(model: Optional[str] = None, out: Optional[Union[str, "os.PathLike[str]"]] = None, **options: Any) -> Result:
+    """Fit the unknowns (framework extras, fragmentation, CUDA context) to a job
+    you ran (``gpumem calibrate``): the job's keywords as for :func:`estimate`
+    plus ``measured_allocated`` / ``measured_reserved`` / ``measured_total``
+    (sizes) or ``snapshot`` (a snapshot file). Returns the calibration document,
+    written to ``out`` when given; pass it (or the file) to any function as
+    ``calibration=``."""
+    doc = call("calibrate", _body("calibrate", "calibrate", dict(options, model=model)))
+    if out is not None:
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    return Result(doc)
 
 
 def advise(model: Optional[str] = None, **options: Any) -> Advice:

@@ -302,6 +302,7 @@ struct OtherInputs {
     std::optional<std::int64_t> largest_layer_params;  // compat deepspeed (cold estimate, stage 3)
     double buffer_factor = 1.5;               // compat deepspeed: additional_buffer_factor
     std::string timeline;                     // estimate: write the simulated timeline here (CLI)
+    std::string out;                          // calibrate: write the calibration document here (CLI)
     std::string plot;                         // sweep: write an SVG plot here (CLI)
     std::string format = "text";              // text|json|csv|markdown (CLI)
     nlohmann::json config;                    // estimate: an uploaded config.json (service, Python)
