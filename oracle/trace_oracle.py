@@ -277,6 +277,18 @@ def main():
                 mean_saves = (2 * c["layers"] + 1) * b * s * c["hidden"] * 4
             rec["points"].append({"batch": b, "seq": s, "saved_bytes": saved, "saved_bytes_1_13_only": mean_saves,
                                   "param_bytes": pb, "input_bytes": ib, "step1": steps[0], "step2": steps[1]})
+        if hf and hf["family"] == "llama":
+            # pure bfloat16 (model.to(bfloat16)): what a 16-bit run keeps, explicit fp32 upcasts included
+            rec["bf16_points"] = []
+            for b, s in [(2, 256), (2, 1024), (8, 1024)]:
+                torch.manual_seed(A.SEED)
+                model = factory().to(torch.bfloat16)
+                model.train()
+                args = inputs(b, s, device="cpu")
+                pb, ib, steps = cpu_steps(model, args)
+                c = hf["config"]  # 1.13's mean.dim input saves, of the fp32 upcast x^2 (RMSNorm computes in fp32)
+                rec["bf16_points"].append({"batch": b, "seq": s, "saved_bytes_1_13_only": (2 * c["layers"] + 1) * b * s * c["hidden"] * 4,
+                                           "param_bytes": pb, "input_bytes": ib, "step1": steps[0], "step2": steps[1]})
         out["models"].append(rec)
         print("%-14s %2d blocks, %9d params; CPU saved at %s: %s" % (
             name, len(graph["blocks"]), total, [(p["batch"], p["seq"]) for p in rec["points"]],

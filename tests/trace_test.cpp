@@ -12,6 +12,7 @@
 // off the oracle where they are alive, as in step_oracle_test.cpp.
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "gpumem/memory/estimate.hpp"
@@ -40,7 +41,7 @@ EstimateRequest oracle_request(const nlohmann::json& pt, bool has_seq) {
 }
 
 std::string job_text(const std::string& graph, const EstimateRequest& r) {
-    std::string s = "gpumem estimate " + graph + " --mode train --precision fp32 --attention eager --batch " + std::to_string(r.batch);
+    std::string s = "gpumem estimate " + graph + " --mode train --precision " + std::string(r.precision ? to_string(*r.precision) : "amp-bf16") + " --attention eager --batch " + std::to_string(r.batch);
     if (r.seq) s += " --seq " + std::to_string(*r.seq);
     return s;
 }
@@ -114,8 +115,9 @@ TEST(Trace, StepPeaksWithinTwoPercentOfTheCpuRun) {
 // same config.json, over a generated grid of jobs (batch x seq x fp32/bf16):
 // the saved activations agree within 2%, and so does the simulated peak in
 // fp32. In bf16 the simulated peak of the traced LLaMA is up to 11% above the
-// builder's at seq 1024 (the backward of the traced fp32 softmax and its cast
-// back, which the builder models as one op): a known gap, bounded here.
+// builder's at seq 1024, and the traced one is right: the builder lacks the
+// fp32 copy of the scores ATen makes before a bfloat16 softmax(dtype=float32)
+// (Bf16StepPeaksWithinTwoPercentOfTheCpuRun below): bounded here.
 TEST(Trace, HfFamiliesTracedEqualTheBuilders) {
     const auto fx = test::read_json("tests/fixtures/traced/oracle.json");
     int checked = 0;
@@ -133,7 +135,7 @@ TEST(Trace, HfFamiliesTracedEqualTheBuilders) {
                     req.attention = Attention::Eager;
                     req.batch = batch;
                     req.seq = seq;
-                    const std::string job = job_text(m["graph"], req) + (prec == Precision::BF16 ? " (--precision bf16)" : "");
+                    const std::string job = job_text(m["graph"], req);
                     auto t = estimate(tg, req);
                     auto b = estimate(bg.value(), req);
                     ASSERT_TRUE(t.ok() && b.ok()) << job;
@@ -152,4 +154,38 @@ TEST(Trace, HfFamiliesTracedEqualTheBuilders) {
                 }
     }
     EXPECT_GE(checked, 36);
+}
+
+// Pure bfloat16 (the oracle runs model.to(bfloat16) on the CPU): the traced
+// LLaMA's simulated step peaks within 2% of the real run, explicit fp32
+// upcasts included (RMSNorm's .to(float32), softmax(dtype=float32) and its
+// cast back, whose fp32 gradients dominate the backward at long sequences).
+// gpumem's built-in LLaMA builder is 10% low here at seq 1024: it has no fp32
+// copy of the scores before the softmax, which ATen makes for bfloat16
+// (aten/src/ATen/native/SoftMax.cpp softmax(input, dim, dtype): only CUDA
+// fp16 takes the fused half_to_float kernel); printed, not asserted.
+TEST(Trace, Bf16StepPeaksWithinTwoPercentOfTheCpuRun) {
+    const auto fx = test::read_json("tests/fixtures/traced/oracle.json");
+    int checked = 0;
+    for (const auto& m : fx["models"]) {
+        if (!m.contains("bf16_points")) continue;
+        const ModelGraph g = traced(m["graph"]);
+        auto bg = load_hf_config_json(test::oracle_hf_config(m["hf_config"], m["hf_family"]), "oracle config");
+        ASSERT_TRUE(bg.ok()) << bg.error().message;
+        for (const auto& pt : m["bf16_points"]) {
+            EstimateRequest req = oracle_request(pt, true);
+            req.precision = Precision::BF16;
+            auto r = simulate_estimate(g, req);
+            auto b = simulate_estimate(bg.value(), req);
+            ASSERT_TRUE(r.ok() && b.ok());
+            const std::int64_t mean_saves = pt["saved_bytes_1_13_only"].get<std::int64_t>();
+            const std::int64_t want = pt["step2"]["peak_bytes"].get<std::int64_t>() - mean_saves;
+            const std::string job = job_text(m["graph"], req) + " --optimizer-impl for-loop --allocator none";
+            EXPECT_NEAR(ratio(r.value().simulation->steady_peak_allocated, want), 1.0, 0.02) << job;
+            std::cout << job << ": traced " << ratio(r.value().simulation->steady_peak_allocated, want) << ", builder "
+                      << ratio(b.value().simulation->steady_peak_allocated, want) << " of the CPU run\n";
+            ++checked;
+        }
+    }
+    EXPECT_GE(checked, 3);
 }
