@@ -18,6 +18,7 @@ DType resolve_role(ActRole role, const ActivationContext& ctx) {
         case ActRole::Mask8: return DType::Bool;
         case ActRole::Upcast: return ctx.autocast ? DType::F32 : ctx.lowered;
         case ActRole::Float8: return DType::F8_E4M3;
+        case ActRole::Float32UnlessHalf: return ctx.lowered == DType::F16 ? DType::F16 : DType::F32;
     }
     return ctx.stream;
 }

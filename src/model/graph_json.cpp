@@ -32,12 +32,13 @@ const char* role_name(ActRole r) {
         case ActRole::Mask8: return "mask8";
         case ActRole::Upcast: return "upcast";
         case ActRole::Float8: return "float8";
+        case ActRole::Float32UnlessHalf: return "float32_unless_fp16";
     }
     return "stream";
 }
-constexpr std::array<ActRole, 7> kRoles = {ActRole::Stream, ActRole::Lowered, ActRole::Float32, ActRole::Index64,
-                                           ActRole::Mask8,  ActRole::Upcast,  ActRole::Float8};
-static_assert(static_cast<std::size_t>(ActRole::Float8) + 1 == kRoles.size(), "every ActRole has a name in the file format");
+constexpr std::array<ActRole, 8> kRoles = {ActRole::Stream, ActRole::Lowered, ActRole::Float32, ActRole::Index64,
+                                           ActRole::Mask8,  ActRole::Upcast,  ActRole::Float8,  ActRole::Float32UnlessHalf};
+static_assert(static_cast<std::size_t>(ActRole::Float32UnlessHalf) + 1 == kRoles.size(), "every ActRole has a name in the file format");
 
 const char* axis_name(SeqAxis a) {
     switch (a) {

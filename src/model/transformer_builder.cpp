@@ -305,10 +305,11 @@ TensorId core(Ctx& c, TensorId q, TensorId k, TensorId v, const CoreOpts& o) {
     }
     if (o.mask) x = B.elementwise({x}, sc, ActRole::Lowered, {}, p + ".mask", kAttnCore);
     if (c.n.softmax_fp32 || c.n.softmax_upcast_input) {
-        if (c.n.softmax_upcast_input) {
-            x = B.cast(x, ActRole::Float32, p + ".scores_float");
-            B.block().ops.back().flags = kAttnCore;
-        }
+        // T5's scores.float() is a copy in every 16-bit dtype; softmax(dtype=
+        // float32) copies its input too, but for fp16 (the fused half_to_float
+        // kernel, aten/src/ATen/native/SoftMax.cpp softmax(input, dim, dtype)).
+        x = B.cast(x, c.n.softmax_upcast_input ? ActRole::Float32 : ActRole::Float32UnlessHalf, p + ".scores_float");
+        B.block().ops.back().flags = kAttnCore;
         x = B.softmax(x, p + ".softmax", ActRole::Float32, kAttnCore);
         x = B.cast(x, ActRole::Lowered, p + ".softmax_to_dtype");
         B.block().ops.back().flags = kAttnCore;

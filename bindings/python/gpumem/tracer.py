@@ -575,7 +575,7 @@ def _component(pname: str, module_type: str) -> str:
     return "other"
 
 
-_ROLE_RANK = {"float32": 4, "stream": 3, "upcast": 2, "lowered": 1}
+_ROLE_RANK = {"float32": 4, "float32_unless_fp16": 4, "stream": 3, "upcast": 2, "lowered": 1}
 
 
 _INT = ("int64", "int32", "int16")
@@ -630,6 +630,16 @@ def _roles(tr: _Trace) -> Dict[int, str]:
             else:
                 r = "stream"
             role[tt["base"]] = r
+    # softmax(x, dtype=float32) copies x to fp32 inside the one call, but for CUDA fp16, where
+    # the fused half_to_float kernel reads x itself (aten/src/ATen/native/SoftMax.cpp
+    # softmax(input, dim, dtype)); a separate x.float() copies in every dtype
+    for op in tr.aten_ops:
+        if _aten_name(op["op"]) in ("_softmax", "_log_softmax") and op["inputs"] and op["fn"] is not None:
+            src = tr.tensors[op["inputs"][0]]["base"]
+            p = tr.tensors[src]["producer"]
+            if p is not None and _aten_name(tr.aten_ops[p]["op"]) == "_to_copy" and tr.aten_ops[p]["fn"] == op["fn"] \
+                    and role.get(src) == "float32":
+                role[src] = "float32_unless_fp16"
     return role
 
 

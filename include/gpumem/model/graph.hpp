@@ -66,6 +66,11 @@ enum class ActRole : std::uint8_t {
     Upcast,   // ops autocast runs in fp32 (softmax, log_softmax, layer_norm): fp32 under
               // autocast, the lowered dtype otherwise (torch autocast op lists)
     Float8,   // FP8 (e4m3) copies FP8 linears save for backward (model/rewrite.hpp)
+    // fp32 unless the 16-bit dtype is fp16: the input copy of softmax(x,
+    // dtype=float32), which ATen makes except for CUDA fp16, where the fused
+    // half_to_float kernel reads x as it is (aten/src/ATen/native/SoftMax.cpp
+    // softmax(input, dim, dtype)); with alias_of its input, no copy then.
+    Float32UnlessHalf,
 };
 
 using TensorId = std::int32_t;
