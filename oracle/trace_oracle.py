@@ -172,10 +172,11 @@ def cpu_saved_bytes(model, args):
 
 
 def peak_without_cpu_conv_scratch(prof, start):
-    """The step's peak live bytes without the scratch buffers CPU convolution kernels
-    allocate and free inside one aten::convolution(_backward) call (im2col columns,
-    layout reorders): a GPU runs cuDNN there, whose workspace gpumem counts apart
-    (reference/workspaces). Allocations are paired with their frees by address."""
+    """The step's peak live bytes without the scratch buffers CPU kernels allocate and
+    free inside one aten::convolution(_backward) call (im2col columns, layout reorders)
+    or one native_batch_norm_backward call (a second input-sized temporary): a GPU runs
+    cuDNN there, which writes the gradient directly and whose workspace gpumem counts
+    apart. Allocations are paired with their frees by address."""
     kr = prof.profiler.kineto_results
     ev = []
 
@@ -184,7 +185,7 @@ def peak_without_cpu_conv_scratch(prof, start):
         if isinstance(ef, torch._C._profiler._ExtraFields_Allocation):
             ev.append((e.start_time_ns, len(ev), int(ef.alloc_size), int(ef.ptr), conv))
             return
-        if conv is None and e.name in ("aten::convolution", "aten::convolution_backward"):
+        if conv is None and e.name in ("aten::convolution", "aten::convolution_backward", "aten::native_batch_norm_backward"):
             conv = (e.start_time_ns, e.start_tid)
         for c in e.children:
             walk(c, conv)
