@@ -632,6 +632,20 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
             const std::int64_t dq = em_.alloc(p.dequant[o], glabel);
             const std::int64_t out_grad_id =
                 op.outputs.empty() ? 0 : grad[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.outputs.front())])];
+            // An in-place op that computes (relu_, mul_: a traced graph's aliased
+            // output): one storage forward, but its backward makes a new gradient
+            // for the input (threshold_backward returns a new tensor,
+            // derivatives.yaml) and then the output's gradient is released.
+            std::int64_t inplace_out_grad = 0;
+            if (op.kind == OpKind::Activation || op.kind == OpKind::Mul || op.kind == OpKind::Elementwise)
+                for (auto t : op.outputs) {
+                    const auto st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(t)]);
+                    for (auto i2 : op.inputs)
+                        if (static_cast<std::size_t>(p.storage[static_cast<std::size_t>(i2)]) == st && grad[st] != 0 && inplace_out_grad == 0) {
+                            inplace_out_grad = grad[st];
+                            grad[st] = 0;
+                        }
+                }
             for (auto t : op.inputs) {
                 const auto ti = static_cast<std::size_t>(t);
                 if (p.dt[ti] == DType::I64 || p.dt[ti] == DType::Bool || p.dt[ti] == DType::F8_E4M3) continue;
@@ -645,6 +659,7 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
                 }
                 grad_for(t);
             }
+            em_.unref(inplace_out_grad);
             em_.unref(dq);
             if (is_matmul(op.kind)) workspace(true);
             if (base_tr && p.loss_chunks > 1 && o == p.head_op) {
