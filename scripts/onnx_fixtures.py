@@ -22,6 +22,7 @@ expected.json, per model:
   (a torch 1.13-only save; torch >= 2.0 keeps sizes only: `saved_bytes_modern_torch` there);
   eval: per point, the bytes of every module output of an eval no_grad forward (sum) and of the largest one:
   bounds for the inference working set.
+llama_bf16_train.onnx: the LLaMA exported in bfloat16 (its fp32 upcasts are Cast nodes there).
 <name>.traced.json: the same model traced by gpumem.trace (bindings/python/gpumem/tracer.py) with
   loss="sum", so that the ONNX path can be compared with the traced path (tests/onnx_test.cpp).
 The output is deterministic (seeded weights, sorted keys).
@@ -412,6 +413,9 @@ def main():
         if name in ("gpt2", "llama"):
             model.cfg["dropout_impl"] = "cpu"  # exports as ONNX Dropout; the oracle runs native_dropout
         sizes = {"train": export(model, x, input_name, axes, os.path.join(OUT, name + "_train.onnx"), True)}
+        if name == "llama":  # a bfloat16 export: the model's own fp32 upcasts (RMSNorm, softmax) are in the file
+            sizes["train_bf16"] = export(seeded(ctor).to(torch.bfloat16).train(), x, input_name, axes,
+                                         os.path.join(OUT, name + "_bf16_train.onnx"), True)
         model.eval()
         sizes["eval"] = export(model, x, input_name, axes, os.path.join(OUT, name + "_eval.onnx"), False)
         if name in ("gpt2", "llama"):

@@ -302,3 +302,24 @@ TEST(Onnx, ReproducesTheTracedPath) {
     }
     EXPECT_GE(checked, 30);
 }
+
+// A bfloat16 export states the model's own upcasts (RMSNorm's .to(float32),
+// softmax(dtype=float32)) as Cast nodes and fp32 values: read in fp32 it is
+// the fp32 export (each cast shares its source's storage then), in bf16 it
+// keeps more than the fp32 export, which cannot tell those upcasts apart.
+TEST(Onnx, Bf16ExportKeepsTheModelsUpcasts) {
+    const ModelGraph half = load("llama_bf16_train", "sum");
+    const ModelGraph full = load("llama_train", "sum");
+    EXPECT_EQ(half.trainable_params(), full.trainable_params());
+    for (std::int64_t s : {32, 256}) {
+        EXPECT_EQ(run(half, Mode::Train, 2, s).per_gpu.activations, run(full, Mode::Train, 2, s).per_gpu.activations) << "fp32, seq " << s;
+        EstimateRequest req;
+        req.precision = Precision::BF16;
+        req.attention = Attention::Eager;
+        req.batch = 2;
+        req.seq = s;
+        const auto h = estimate(half, req), f = estimate(full, req);
+        ASSERT_TRUE(h.ok() && f.ok());
+        EXPECT_GT(h.value().per_gpu.activations, f.value().per_gpu.activations) << "bf16, seq " << s;
+    }
+}

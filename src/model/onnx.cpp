@@ -1113,7 +1113,16 @@ ModelGraph Reader::lower() {
     BlockBuilder bb("graph", 1, DType::F32);
     std::vector<TensorId> tid(nv, -1);
     std::vector<char> rg(nv, 0);
-    auto role_of = [](int dt) { return is_float(dt) ? ActRole::Stream : (dt == kBool || dt == kU8 || dt == kI8) ? ActRole::Mask8 : ActRole::Index64; };
+    // A 16-bit export (its float initializers fp16/bf16) states the model's own upcasts:
+    // its fp32 tensors stay fp32 whatever the precision (RMSNorm's .to(float32)),
+    // its 16-bit ones follow the precision. An fp32 export cannot tell them apart.
+    const bool half_export = std::any_of(vals_.begin(), vals_.end(), [](const Value& v) {
+        return v.init != nullptr && (v.init->data_type() == kF16 || v.init->data_type() == kBF16);
+    });
+    auto role_of = [half_export](int dt) {
+        if (dt == kFloat && half_export) return ActRole::Float32;
+        return is_float(dt) ? ActRole::Stream : (dt == kBool || dt == kU8 || dt == kI8) ? ActRole::Mask8 : ActRole::Index64;
+    };
     auto make = [&](int v, ActRole role, TensorId alias = -1) -> TensorId {
         bool ind = false;
         const Extent e = fit(v, ind);
@@ -1311,11 +1320,20 @@ ModelGraph Reader::lower() {
                 const int o = O(k);
                 if (o < 0 || is_const(o)) continue;
                 const bool same = P[static_cast<std::size_t>(o)].root == P[static_cast<std::size_t>(x)].root && src >= 0;
-                out_t.push_back(make(o, same ? bb.info(src).role : role_of(P[static_cast<std::size_t>(o)].dtype), same ? src : -1));
+                // A float-to-float Cast shares its source's storage whenever both resolve to
+                // one dtype (the model graph's alias_of: `.to()` returns its input then). The
+                // fp32 copy softmax(x, dtype=float32) makes is none for CUDA fp16 (ATen's fused
+                // half_to_float kernel, aten/src/ATen/native/SoftMax.cpp).
+                const bool cast = op == "Cast" && src >= 0 && is_float(P[static_cast<std::size_t>(o)].dtype) && is_float(P[static_cast<std::size_t>(x)].dtype);
+                ActRole role = same ? bb.info(src).role : role_of(P[static_cast<std::size_t>(o)].dtype);
+                if (cast && role == ActRole::Float32)
+                    for (const auto& [use, slot] : vals_[static_cast<std::size_t>(o)].uses)
+                        if (slot == 0 && (g_.node(use).op_type() == "Softmax" || g_.node(use).op_type() == "LogSoftmax")) role = ActRole::Float32UnlessHalf;
+                out_t.push_back(make(o, role, same || cast ? src : -1));
             }
             bool any_new = false;
             for (auto t : out_t) any_new = any_new || bb.info(t).alias_of < 0;
-            finish(any_new ? OpKind::Elementwise : OpKind::View, std::move(out_t), {});
+            finish(op == "Cast" ? OpKind::Cast : any_new ? OpKind::Elementwise : OpKind::View, std::move(out_t), {});
             continue;
         }
         if (op == "MatMul" || op == "Gemm") {
