@@ -1328,7 +1328,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         graph = trace(factory, example, loss=ns.loss, name=ns.name or stem, seq_points=pts,
                       cuda_semantics=not ns.no_cuda_dropout, has_sequence=None if ns.inputs else has_seq)
     except TraceError as e:
-        print("error: %s" % e, file=sys.stderr)
+        msg = str(e)
+        for prefix in ("gpumem trace: ", "gpumem.trace: "):
+            msg = msg[len(prefix):] if msg.startswith(prefix) else msg
+        print("gpumem: error: trace: %s" % msg, file=sys.stderr)  # the CLI's one-line error form
         return 2
     text = json.dumps(graph, indent=1) + "\n"
     if ns.out:
