@@ -1411,7 +1411,7 @@ ModelGraph Reader::lower() {
             continue;
         }
         if (op == "LayerNormalization") {
-            const TensorId out = new_out(0, ActRole::Upcast);
+            const TensorId out = new_out(0, half_export && P[static_cast<std::size_t>(O(0))].dtype == kFloat ? ActRole::Float32 : ActRole::Upcast);
             bool rows_ind = false;
             const Extent rows = O(1) >= 0 ? fit(O(1), rows_ind) : Extent{};
             std::vector<TensorId> out_t{out};
@@ -1484,7 +1484,20 @@ ModelGraph Reader::lower() {
                 if (any_rg) s.push_back(SavedRef{-2, false, false});
             } else if (op == "Softmax" || op == "LogSoftmax") {
                 kind = OpKind::Softmax;
+                // fp32 under autocast. In a 16-bit export the model's own softmax(dtype=
+                // float32) stays fp32: torch.onnx.export writes it as Softmax then
+                // Cast(to=FLOAT) (the cast then shares the softmax's fp32 storage).
                 role = ActRole::Upcast;
+                if (half_export) {
+                    bool to_fp32 = P[static_cast<std::size_t>(O(0))].dtype == kFloat;
+                    for (const auto& [use, slot] : vals_[static_cast<std::size_t>(O(0))].uses) {
+                        const auto& nd = g_.node(use);
+                        if (nd.op_type() != "Cast") continue;
+                        for (const auto& a : nd.attribute())
+                            if (a.name() == "to" && a.i() == kFloat) to_fp32 = true;
+                    }
+                    if (to_fp32) role = ActRole::Float32;
+                }
                 if (any_rg) s.push_back(SavedRef{-2, false, false});
             } else if (op == "Gelu" || op == "Erf" || op == "Cos" || op == "Sin" || op == "Log" || op == "Abs" || op == "LeakyRelu" || op == "Clip" ||
                        op == "Softplus" || op == "HardSwish" || op == "HardSigmoid" || op == "Pow") {
