@@ -112,3 +112,42 @@ def test_data_dependent_control_flow_is_refused():
 
     with pytest.raises(tracer.TraceError, match="no meta kernel"):
         gpumem.trace(Branchy, lambda b: (torch.zeros(b, 4),))
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+    """torch 1.13 has no F.scaled_dot_product_attention: a stand-in that, like
+    the real one, is a torch function a TorchFunctionMode sees (math path otherwise)."""
+    from torch.overrides import has_torch_function, handle_torch_function
+    if has_torch_function((q, k, v)):
+        return handle_torch_function(scaled_dot_product_attention, (q, k, v), q, k, v, attn_mask=attn_mask,
+                                     dropout_p=dropout_p, is_causal=is_causal)
+    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, -1) @ v
+
+
+class SdpaBlock(torch.nn.Module):
+    def __init__(self, h=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(h, 3 * h)
+        self.proj = torch.nn.Linear(h, h)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        o = scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(o.transpose(1, 2).reshape(b, s, h))
+
+
+def test_sdpa_is_one_fused_attention_op(tmp_path):
+    out = tmp_path / "sdpa.json"
+    g = gpumem.trace(SdpaBlock, lambda b, s: (torch.zeros(b, s, 32),), out=str(out))
+    ops = [o for blk in g["blocks"] for o in blk["ops"]]
+    att = [o for o in ops if o["kind"] == "attention"]
+    assert len(att) == 1 and len(att[0]["saved"]) == 5  # q, k, v, the output, the logsumexp
+    # no [s, s] score matrix anywhere: what flash / memory-efficient kernels keep
+    assert all(t["extent"][2] == 0 for blk in g["blocks"] for t in blk["tensors"])
+    blk = next(b for b in g["blocks"] if att[0] in b["ops"])
+    lse = blk["tensors"][att[0]["outputs"][1]]
+    assert lse["role"] == "float32" and lse["extent"] == [0, 4, 0]  # one fp32 per head and query
+    est = gpumem.estimate(str(out), batch=2, seq=4096)
+    assert est.per_gpu.activations > 0

@@ -225,6 +225,8 @@ class _Trace:
         self.output: List[int] = []
         self.dropped_storages: set = set()
         self.loss_in_forward = False
+        self.mute = False
+        self.sdpa_saved: Dict[int, List[int]] = {}
 
     def tid_of(self, t, kind=None, name=None, producer=None) -> int:
         k = id(t)
@@ -284,10 +286,52 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
     tr = _Trace(torch)
     nn = torch.nn
 
+    class SdpaFn(torch.autograd.Function):
+        """F.scaled_dot_product_attention as a fused kernel runs it on a GPU (flash /
+        memory-efficient): it keeps q, k, v, the output and a fp32 logsumexp per
+        query row, never the [s, s] scores. On meta the real call would take the math
+        path (aten _fused_sdp_choice_meta) and save the probabilities."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+            lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, g, _glse):  # pragma: no cover - never run on meta traces
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    def sdpa(name, a, kw):
+        q, k, v = (list(a) + [kw.get("query"), kw.get("key"), kw.get("value")])[:3] if len(a) >= 3 else \
+            (kw.get("query"), kw.get("key"), kw.get("value"))
+        idx = len(tr.fn_ops)
+        tr.fn_ops.append({"fn": name, "module": tr.module_stack[-1], "aten": []})
+        ins = [tr.tid_of(t) for t in (q, k, v)]
+        tr.mute = True  # the stand-in's own allocations are not ops of the model
+        try:
+            out, lse = SdpaFn.apply(q, k, v)
+        finally:
+            tr.mute = False
+        op_idx = len(tr.aten_ops)
+        outs = [tr.tid_of(out, producer=op_idx), tr.tid_of(lse, producer=op_idx)]
+        b_h_l = _prod(q.shape[:-1])
+        tr.aten_ops.append({"op": "gpumem.sdpa.default", "module": tr.module_stack[-1], "fn": idx, "inputs": ins,
+                            "outputs": outs, "kinds": ["new", "new"],
+                            "flops": 2 * b_h_l * k.shape[-2] * (q.shape[-1] + v.shape[-1])})
+        tr.fn_ops[idx]["aten"].append(op_idx)
+        tr.sdpa_saved[op_idx] = ins + outs
+        return out
+
     class FnMode(TorchFunctionMode):
         def __torch_function__(self, func, types, a=(), kw=None):
             kw = kw or {}
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
+            if name.endswith("scaled_dot_product_attention"):
+                return sdpa(name, a, kw)
             if name.endswith("__get__") or name in ("Tensor.size", "Tensor.dim", "Tensor.numel", "Tensor.stride",
                                                      "Tensor.is_contiguous", "Tensor.__len__", "Tensor.data_ptr"):
                 return func(*a, **kw)
@@ -302,6 +346,8 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
     class AtenMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             kw = kw or {}
+            if tr.mute:
+                return func(*a, **kw)
             tr.resolve_nodes()
             out = func(*a, **kw)
             ins = _flat(torch, (a, kw))
@@ -415,6 +461,8 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
     tr.output = [tr.tid_of(loss)]
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         tr.attribute_saved()
+    for i, saved in tr.sdpa_saved.items():  # a Function's saves are not _saved_* attributes
+        tr.aten_ops[i]["saved"] = list(saved)
     if modern_saves and torch_version(torch) < (2, 0):
         # torch 1.13's mean.dim saves its whole input (MeanBackward1.self); torch >= 2.0's
         # derivatives.yaml keeps only sizes (oracle/README.md). Traces answer for 2.x.
@@ -526,6 +574,8 @@ _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", 
 def _kind(name: str, fn: str, param_in: bool, is_loss_root: bool) -> str:
     if is_loss_root:
         return "loss"
+    if name == "sdpa":
+        return "attention"
     if name in ("mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "addmv", "mv"):
         return "linear" if param_in else "matmul"
     if name == "embedding":
