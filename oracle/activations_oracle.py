@@ -243,6 +243,12 @@ class GPT2LMHeadModel(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
 
     def forward(self, input_ids, labels):
+        lm_logits = self.logits(input_ids)
+        labels = labels.to(lm_logits.device)
+        return causal_lm_loss(lm_logits, labels, self.cfg["vocab"], self.cfg["loss_impl"], upcast=False)
+
+    def logits(self, input_ids):
+        """GPT2LMHeadModel.forward up to lm_logits (the loss is forward's)."""
         input_shape = input_ids.size()
         input_ids = input_ids.view(-1, input_shape[-1])
         past_length = 0
@@ -259,9 +265,7 @@ class GPT2LMHeadModel(nn.Module):
         hidden_states = self.ln_f(hidden_states)
         hidden_states = hidden_states.view(output_shape)
         # GPT2LMHeadModel.forward
-        lm_logits = self.lm_head(hidden_states)
-        labels = labels.to(lm_logits.device)
-        return causal_lm_loss(lm_logits, labels, self.cfg["vocab"], self.cfg["loss_impl"], upcast=False)
+        return self.lm_head(hidden_states)
 
 
 # --------------------------------------------------------------------------------------
@@ -440,6 +444,10 @@ class LlamaForCausalLM(nn.Module):
         return causal_mask
 
     def forward(self, input_ids, labels):
+        return causal_lm_loss(self.logits(input_ids), labels, self.cfg["vocab"], self.cfg["loss_impl"], upcast=True)
+
+    def logits(self, input_ids):
+        """LlamaModel.forward and LlamaForCausalLM.forward up to the logits (the loss is forward's)."""
         # LlamaModel.forward
         inputs_embeds = self.embed_tokens(input_ids)
         cache_position = torch.arange(0, inputs_embeds.shape[1], device=inputs_embeds.device)
@@ -451,8 +459,7 @@ class LlamaForCausalLM(nn.Module):
             hidden_states = decoder_layer(hidden_states, causal_mask, position_embeddings)
         hidden_states = self.norm(hidden_states)
         # LlamaForCausalLM.forward (logits_to_keep=0 -> slice(0, None))
-        logits = self.lm_head(hidden_states[:, slice(0, None), :])
-        return causal_lm_loss(logits, labels, self.cfg["vocab"], self.cfg["loss_impl"], upcast=True)
+        return self.lm_head(hidden_states[:, slice(0, None), :])
 
 
 def causal_lm_loss(logits, labels, vocab_size, loss_impl, upcast):

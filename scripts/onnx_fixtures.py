@@ -52,36 +52,17 @@ OPSET = 17
 # ---------------------------------------------------------------------------------------------
 
 class GPT2Logits(oracle.GPT2LMHeadModel):
-    """GPT2LMHeadModel.forward up to lm_logits (the loss is --loss's)."""
+    """GPT2LMHeadModel up to lm_logits (the loss is --loss's): the oracle replica's own logits()."""
 
     def forward(self, input_ids):
-        input_shape = input_ids.size()
-        input_ids = input_ids.view(-1, input_shape[-1])
-        position_ids = torch.arange(0, input_shape[-1], dtype=torch.long, device=input_ids.device).unsqueeze(0)
-        hidden_states = self.wte(input_ids) + self.wpe(position_ids)
-        hidden_states = oracle.dropout(hidden_states, self.cfg["embd_pdrop"], self.training, self.cfg["dropout_impl"])
-        output_shape = (-1,) + input_shape[1:] + (hidden_states.size(-1),)
-        for block in self.h:
-            hidden_states = block(hidden_states)
-        hidden_states = self.ln_f(hidden_states)
-        hidden_states = hidden_states.view(output_shape)
-        return self.lm_head(hidden_states)
+        return self.logits(input_ids)
 
 
 class LlamaLogits(oracle.LlamaForCausalLM):
-    """LlamaForCausalLM.forward up to the logits."""
+    """LlamaForCausalLM up to the logits: the oracle replica's own logits()."""
 
     def forward(self, input_ids):
-        inputs_embeds = self.embed_tokens(input_ids)
-        cache_position = torch.arange(0, inputs_embeds.shape[1], device=inputs_embeds.device)
-        position_ids = cache_position.unsqueeze(0)
-        causal_mask = self._causal_mask(inputs_embeds, cache_position)
-        hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(hidden_states, position_ids)
-        for decoder_layer in self.layers:
-            hidden_states = decoder_layer(hidden_states, causal_mask, position_embeddings)
-        hidden_states = self.norm(hidden_states)
-        return self.lm_head(hidden_states)
+        return self.logits(input_ids)
 
 
 class TinyCNN(nn.Module):

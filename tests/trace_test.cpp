@@ -12,7 +12,6 @@
 // off the oracle where they are alive, as in step_oracle_test.cpp.
 #include <gtest/gtest.h>
 
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "gpumem/memory/estimate.hpp"
@@ -31,6 +30,14 @@ ModelGraph traced(const std::string& rel) {
 }
 
 double ratio(Bytes got, std::int64_t want) { return static_cast<double>(got.count()) / static_cast<double>(want); }
+double ratio(Bytes got, Bytes want) { return ratio(got, want.count()); }
+
+// gpumem's built-in builder for a traced replica's config.json.
+ModelGraph builder_of(const nlohmann::json& m) {
+    auto g = load_hf_config_json(test::oracle_hf_config(m["hf_config"], m["hf_family"]), "oracle config");
+    EXPECT_TRUE(g.ok()) << (g.ok() ? "" : g.error().message);
+    return std::move(g).value();
+}
 
 // The step oracles' request (fp32, eager, for-loop AdamW, live bytes only);
 // fixed-shape models take no sequence.
@@ -97,9 +104,8 @@ TEST(Trace, StepPeaksWithinTwoPercentOfTheCpuRun) {
                        (phase == "forward" || phase == "backward" ? mean_saves : 0);
             };
             const std::string job = job_text(m["graph"], req) + " --optimizer-impl for-loop --allocator none";
-            const double tol = 0.02;
-            EXPECT_NEAR(ratio(s.first_step_peak_allocated, modern(pt["step1"])), 1.0, tol) << job << " (step 1)";
-            EXPECT_NEAR(ratio(s.steady_peak_allocated, modern(pt["step2"])), 1.0, tol) << job << " (step 2)";
+            EXPECT_NEAR(ratio(s.first_step_peak_allocated, modern(pt["step1"])), 1.0, 0.02) << job << " (step 1)";
+            EXPECT_NEAR(ratio(s.steady_peak_allocated, modern(pt["step2"])), 1.0, 0.02) << job << " (step 2)";
             EXPECT_NEAR(ratio(s.after_forward, pt["step1"]["after_forward"].get<std::int64_t>() - mean_saves), 1.0, 0.02)
                 << job << " (after forward)";
             ++checked;
@@ -121,8 +127,7 @@ TEST(Trace, HfFamiliesTracedEqualTheBuilders) {
     for (const auto& m : fx["models"]) {
         if (!m.contains("hf_family")) continue;
         const ModelGraph tg = traced(m["graph"]);
-        auto bg = load_hf_config_json(test::oracle_hf_config(m["hf_config"], m["hf_family"]), "oracle config");
-        ASSERT_TRUE(bg.ok()) << bg.error().message;
+        const ModelGraph bg = builder_of(m);
         for (std::int64_t batch : {1, 2, 8})
             for (std::int64_t seq : {32, 256, 1024})
                 for (Precision prec : {Precision::FP32, Precision::BF16}) {
@@ -134,18 +139,15 @@ TEST(Trace, HfFamiliesTracedEqualTheBuilders) {
                     req.seq = seq;
                     const std::string job = job_text(m["graph"], req);
                     auto t = estimate(tg, req);
-                    auto b = estimate(bg.value(), req);
+                    auto b = estimate(bg, req);
                     ASSERT_TRUE(t.ok() && b.ok()) << job;
-                    EXPECT_NEAR(static_cast<double>(t.value().per_gpu.activations.count()) /
-                                    static_cast<double>(b.value().per_gpu.activations.count()), 1.0, 0.02)
+                    EXPECT_NEAR(ratio(t.value().per_gpu.activations, b.value().per_gpu.activations), 1.0, 0.02)
                         << job << ": traced " << t.value().per_gpu.activations.count() << " B, builder "
                         << b.value().per_gpu.activations.count() << " B";
                     auto ts = simulate_estimate(tg, req);
-                    auto bs = simulate_estimate(bg.value(), req);
+                    auto bs = simulate_estimate(bg, req);
                     ASSERT_TRUE(ts.ok() && bs.ok()) << job;
-                    EXPECT_NEAR(static_cast<double>(ts.value().per_gpu.peak_allocated.count()) /
-                                    static_cast<double>(bs.value().per_gpu.peak_allocated.count()), 1.0,
-                                0.02)
+                    EXPECT_NEAR(ratio(ts.value().per_gpu.peak_allocated, bs.value().per_gpu.peak_allocated), 1.0, 0.02)
                         << job << " (simulated peak)";
                     ++checked;
                 }
@@ -167,13 +169,12 @@ TEST(Trace, Bf16StepPeaksWithinTwoPercentOfTheCpuRun) {
     for (const auto& m : fx["models"]) {
         if (!m.contains("bf16_points")) continue;
         const ModelGraph g = traced(m["graph"]);
-        auto bg = load_hf_config_json(test::oracle_hf_config(m["hf_config"], m["hf_family"]), "oracle config");
-        ASSERT_TRUE(bg.ok()) << bg.error().message;
+        const ModelGraph bg = builder_of(m);
         for (const auto& pt : m["bf16_points"]) {
             EstimateRequest req = oracle_request(pt, true);
             req.precision = Precision::BF16;
             auto r = simulate_estimate(g, req);
-            auto b = simulate_estimate(bg.value(), req);
+            auto b = simulate_estimate(bg, req);
             ASSERT_TRUE(r.ok() && b.ok());
             const std::int64_t mean_saves = pt["saved_bytes_1_13_only"].get<std::int64_t>();
             const std::int64_t want = pt["step2"]["peak_bytes"].get<std::int64_t>() - mean_saves;

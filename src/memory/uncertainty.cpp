@@ -45,37 +45,6 @@ const ErrorBand& band_for_paths(const std::vector<std::string>& paths) {
 
 const ErrorBand& band_for(const Job& job) { return band_for_paths(band_paths(job)); }
 
-void set_serving_uncertainty(ServingResult& r) {
-    const bool llama = r.engine == "llama.cpp";
-    const std::string eng = llama ? "llama.cpp" : r.engine == "vllm" && r.engine_version.find("V0") != std::string::npos ? "vllm-v0" : r.engine;
-    const std::string kvq = llama ? "kv_buffer" : eng == "vllm-v0" ? "kv_pool" : "kv_tokens";
-    const std::string kvb = llama ? "kv_buffer" : "kv_pool";
-    const std::string wq = llama ? "model_buffer" : "weights";
-    const ErrorBand& kv = band_for_paths({"serve/" + eng + "/" + kvq, "serve/" + kvq, "serve"});
-    const ErrorBand& kvbytes = band_for_paths({"serve/" + eng + "/" + kvb, "serve/" + kvb, "serve"});
-    const ErrorBand& w = band_for_paths({"serve/" + eng + "/" + wq, "serve/" + wq, "serve"});
-    ServingUncertainty& u = r.uncertainty;
-    u.kv_path = kv.path;
-    u.kv_bytes_path = kvbytes.path;
-    u.kv_bytes_ratio_low = kvbytes.ratio_low;
-    u.kv_bytes_ratio_high = kvbytes.ratio_high;
-    u.weights_path = w.path;
-    u.kv_rows = kv.rows;
-    u.weights_rows = w.rows;
-    u.kv_ratio_low = kv.ratio_low;
-    u.kv_ratio_high = kv.ratio_high;
-    u.weights_ratio_low = w.ratio_low;
-    u.weights_ratio_high = w.ratio_high;
-    const auto scale = [](double x, double f) { return x * f; };
-    u.kv_cache_low = Bytes(static_cast<std::int64_t>(std::llround(scale(static_cast<double>(r.per_gpu.kv_cache.count()), kvbytes.ratio_low))));
-    u.kv_cache_high = Bytes(static_cast<std::int64_t>(std::llround(scale(static_cast<double>(r.per_gpu.kv_cache.count()), kvbytes.ratio_high))));
-    u.kv_tokens_low = static_cast<std::int64_t>(std::floor(scale(static_cast<double>(r.kv_cache_tokens), kv.ratio_low)));
-    u.kv_tokens_high = static_cast<std::int64_t>(std::floor(scale(static_cast<double>(r.kv_cache_tokens), kv.ratio_high)));
-    u.concurrency_low = scale(r.max_concurrency, kv.ratio_low);
-    u.concurrency_high = scale(r.max_concurrency, kv.ratio_high);
-    u.weights_low = Bytes(static_cast<std::int64_t>(std::llround(scale(static_cast<double>(r.per_gpu.weights.count()), w.ratio_low))));
-    u.weights_high = Bytes(static_cast<std::int64_t>(std::llround(scale(static_cast<double>(r.per_gpu.weights.count()), w.ratio_high))));
-}
 
 namespace {
 
@@ -101,6 +70,37 @@ std::string pct(double x) {
 }
 
 }  // namespace
+
+void set_serving_uncertainty(ServingResult& r) {
+    const bool llama = r.engine == "llama.cpp";
+    const std::string eng = llama ? "llama.cpp" : r.engine == "vllm" && r.engine_version.find("V0") != std::string::npos ? "vllm-v0" : r.engine;
+    const std::string kvq = llama ? "kv_buffer" : eng == "vllm-v0" ? "kv_pool" : "kv_tokens";
+    const std::string kvb = llama ? "kv_buffer" : "kv_pool";
+    const std::string wq = llama ? "model_buffer" : "weights";
+    const ErrorBand& kv = band_for_paths({"serve/" + eng + "/" + kvq, "serve/" + kvq, "serve"});
+    const ErrorBand& kvbytes = band_for_paths({"serve/" + eng + "/" + kvb, "serve/" + kvb, "serve"});
+    const ErrorBand& w = band_for_paths({"serve/" + eng + "/" + wq, "serve/" + wq, "serve"});
+    ServingUncertainty& u = r.uncertainty;
+    u.kv_path = kv.path;
+    u.kv_bytes_path = kvbytes.path;
+    u.kv_bytes_ratio_low = kvbytes.ratio_low;
+    u.kv_bytes_ratio_high = kvbytes.ratio_high;
+    u.weights_path = w.path;
+    u.kv_rows = kv.rows;
+    u.weights_rows = w.rows;
+    u.kv_ratio_low = kv.ratio_low;
+    u.kv_ratio_high = kv.ratio_high;
+    u.weights_ratio_low = w.ratio_low;
+    u.weights_ratio_high = w.ratio_high;
+    u.kv_cache_low = scaled(r.per_gpu.kv_cache, kvbytes.ratio_low);
+    u.kv_cache_high = scaled(r.per_gpu.kv_cache, kvbytes.ratio_high);
+    u.kv_tokens_low = static_cast<std::int64_t>(std::floor(static_cast<double>(r.kv_cache_tokens) * kv.ratio_low));
+    u.kv_tokens_high = static_cast<std::int64_t>(std::floor(static_cast<double>(r.kv_cache_tokens) * kv.ratio_high));
+    u.concurrency_low = r.max_concurrency * kv.ratio_low;
+    u.concurrency_high = r.max_concurrency * kv.ratio_high;
+    u.weights_low = scaled(r.per_gpu.weights, w.ratio_low);
+    u.weights_high = scaled(r.per_gpu.weights, w.ratio_high);
+}
 
 void set_uncertainty(EstimateResult& r) {
     Uncertainty& u = r.uncertainty;

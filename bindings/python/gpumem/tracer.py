@@ -45,13 +45,12 @@ import contextlib
 import importlib.util
 import inspect
 import json
-import math
 import os
 import re
 import sys
 import warnings
 from fractions import Fraction
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 FORMAT = "gpumem-model-graph"
 VERSION = 1
@@ -284,7 +283,6 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
     tr = _Trace(torch)
-    nn = torch.nn
 
     class SdpaFn(torch.autograd.Function):
         """F.scaled_dot_product_attention as a fused kernel runs it on a GPU (flash /
@@ -532,7 +530,7 @@ class _Fitter:
     def extent(self, vals: Dict[Tuple[int, int], int], what: str) -> Tuple[List[int], bool]:
         """vals[(b, s)] -> ([c0, c1, c2], per_batch)."""
         if not self.has_seq:
-            (b0, _), (b1, _) = self.fit[0], self.fit[1]
+            b0 = self.fit[0][0]
             per = Fraction(vals[self.fit[0]], b0)
             if per.denominator == 1 and all(b * per == vals[(b, s)] for b, s in self.points):
                 return [int(per), 0, 0], True
@@ -571,7 +569,7 @@ _LOSS_FNS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_e
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution", "addmv", "mv"}
 
 
-def _kind(name: str, fn: str, param_in: bool, is_loss_root: bool) -> str:
+def _kind(name: str, param_in: bool, is_loss_root: bool) -> str:
     if is_loss_root:
         return "loss"
     if name == "sdpa":
@@ -922,7 +920,7 @@ def _build(traces: Dict[Tuple[int, int], _Trace], fitter: _Fitter, name: str, ha
             op = tr.aten_ops[i]
             n = _aten_name(op["op"])
             param_in = [t for t in op["inputs"] if tr.tensors[t]["base"] in param_of]
-            kind = _kind(n, "", bool(param_in), i == loss_root)
+            kind = _kind(n, bool(param_in), i == loss_root)
             if kind == "conv2d" and not param_in:
                 kind = "elementwise"
             rec: Dict[str, Any] = {"kind": kind, "name": rel(op["module"]) or n, "inputs": [], "outputs": [],
@@ -1137,7 +1135,7 @@ def _split_args(torch, x):
                      "arguments, or a function (batch, seq) -> one of those (got %s)" % type(x).__name__)
 
 
-def _loss_fn(torch, loss, has_seq):
+def _loss_fn(torch, loss):
     """-> (callable(out) -> scalar, note or None)."""
     if callable(loss):
         return loss, None
@@ -1159,7 +1157,7 @@ def _loss_fn(torch, loss, has_seq):
         def auto(out):
             t = first(out)
             return t if t.dim() == 0 else t.sum()
-        return auto, None if loss is None else None
+        return auto, None
     if loss == "sum":
         return (lambda out: first(out).sum()), "loss: the sum of the model's output (--loss sum)"
     if loss == "mean":
@@ -1220,7 +1218,7 @@ def trace(model, example_inputs, *, loss: Any = None, out: Optional[str] = None,
         check = [(4, 0), (5, 0)]
     points = fit + check
     make = _make_inputs(torch, example_inputs, batch_dim, seq_dim)
-    loss_fn, loss_note = _loss_fn(torch, loss, has_seq)
+    loss_fn, loss_note = _loss_fn(torch, loss)
     def run(bs, dtype):
         m = _model_on_meta(torch, model)
         m.train()
