@@ -1,0 +1,62 @@
+// gpumem/core/budget.hpp — a per-thread work budget that long computations obey.
+//
+// The service answers untrusted requests; a request may ask for work whose
+// cost is large even after the input limits (a plan over a huge cluster, a
+// sweep over many points). The front end that runs such work (the HTTP
+// service, the Python module on request) installs a WorkBudget on the worker
+// thread; every loop whose trip count depends on input calls check_budget(),
+// which throws BudgetExceeded once the deadline has passed or the budget was
+// cancelled. The work is therefore cancelled, not abandoned: the thread
+// unwinds, frees what it built, and returns to the pool.
+// Without an installed budget check_budget() costs one thread-local load.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace gpumem {
+
+class BudgetExceeded : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+class WorkBudget;
+namespace detail {
+void check_budget_slow(WorkBudget& b);
+}
+
+class WorkBudget {
+public:
+    using Clock = std::chrono::steady_clock;
+    // Installs a budget on the calling thread for this object's lifetime.
+    explicit WorkBudget(std::chrono::milliseconds limit, const std::atomic<bool>* cancel = nullptr);
+    ~WorkBudget();
+    WorkBudget(const WorkBudget&) = delete;
+    WorkBudget& operator=(const WorkBudget&) = delete;
+
+    [[nodiscard]] std::chrono::milliseconds limit() const { return limit_; }
+
+private:
+    friend void detail::check_budget_slow(WorkBudget& b);
+    Clock::time_point deadline_;
+    std::chrono::milliseconds limit_;
+    const std::atomic<bool>* cancel_;
+    WorkBudget* previous_;
+    std::uint32_t calls_ = 0;
+};
+
+namespace detail {
+extern thread_local WorkBudget* current_budget;
+}  // namespace detail
+
+// Throws BudgetExceeded when the calling thread's budget is spent. Reads the
+// clock once every 256 calls, so it is cheap enough for inner loops.
+inline void check_budget() {
+    if (WorkBudget* b = detail::current_budget) detail::check_budget_slow(*b);
+}
+
+}  // namespace gpumem
