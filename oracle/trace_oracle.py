@@ -24,7 +24,11 @@ VisionTransformer (small shapes), a small CNN with BatchNorm and Dropout, and a 
 (conv blocks, max-pool down, transposed-conv up, skip concatenation).
 
 Regenerate (needs Debian's python3-torch and python3-torchvision; ~1 min on 2 cores):
-    /usr/bin/python3 oracle/trace_oracle.py
+    /usr/bin/python3 oracle/trace_oracle.py                       # torch 1.13 (bookworm)
+    python3 oracle/trace_oracle.py --out tests/fixtures/traced-torch2  # torch 2.x (Debian trixie: 2.6)
+Both sets are committed and tests/trace_test.cpp checks each. torch 1.13 keeps the input
+of mean.dim (RMSNorm's x^2), torch >= 2.0 does not (derivatives.yaml mean.dim: self_sym_sizes
+only); saved_bytes_1_13_only is those bytes where the run kept them, 0 on torch 2.x.
 Deterministic output (sorted keys).
 """
 import argparse
@@ -49,6 +53,7 @@ T = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(T)
 
 OUT_DIR = os.path.join(ROOT, "tests", "fixtures", "traced")
+TORCH_1 = int(torch.__version__.split(".")[0]) < 2  # torch 1.x keeps mean.dim's input
 
 
 class TinyCNN(nn.Module):
@@ -107,10 +112,18 @@ def resnet18():
     return Classify(torchvision.models.resnet18(num_classes=10))
 
 
+# torch 2.x runs nn.MultiheadAttention through F.scaled_dot_product_attention, which the trace
+# records as the fused kernel a GPU runs (flash / memory-efficient, dropout included). On the
+# CPU, torch 2.6 takes its fused flash kernel only without dropout (math path otherwise, which
+# keeps the [s, s] probabilities), so the torch 2.x oracle runs the ViT without attention
+# dropout: the CPU then keeps what the GPU keeps. torch 1.13 has no SDPA (math path both sides).
+VIT_ATTENTION_DROPOUT = 0.1 if TORCH_1 else 0.0
+
+
 def vit():
     from torchvision.models.vision_transformer import VisionTransformer
     return Classify(VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
-                                      mlp_dim=64, dropout=0.1, attention_dropout=0.1, num_classes=10))
+                                      mlp_dim=64, dropout=0.1, attention_dropout=VIT_ATTENTION_DROPOUT, num_classes=10))
 
 
 GPT2_CFG = A.gpt2_config(64, 2, 1000, loss_impl="pad")
@@ -144,7 +157,8 @@ MODELS = [
     ("resnet18", resnet18, image_inputs(3, 32, 10), False, [(2, 0), (4, 0)], "torchvision resnet18, 10 classes, 3x32x32", None),
     ("tiny-cnn", TinyCNN, image_inputs(3, 16, 10), False, [(2, 0), (8, 0)], "Conv/BatchNorm/ReLU/MaxPool/Dropout/Linear, 3x16x16", None),
     ("vit-tiny", vit, image_inputs(3, 32, 10), False, [(2, 0), (4, 0)],
-     "torchvision VisionTransformer, 32x32, patch 8, 2 layers, 2 heads, hidden 32, mlp 64, dropout 0.1", None),
+     "torchvision VisionTransformer, 32x32, patch 8, 2 layers, 2 heads, hidden 32, mlp 64, dropout 0.1, "
+     "attention dropout %g" % VIT_ATTENTION_DROPOUT, None),
     ("unet-tiny", TinyUNet, image_inputs(3, 32, 4, per_pixel=True), False, [(2, 0), (4, 0)],
      "UNet: 2 levels, width 8, transposed-conv up, skip concat, per-pixel cross-entropy, 3x32x32", None),
 ]
@@ -243,15 +257,18 @@ def cpu_steps(model, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="one model name")
+    ap.add_argument("--out", default=OUT_DIR, help="output folder (default tests/fixtures/traced)")
     ns = ap.parse_args()
-    os.makedirs(OUT_DIR, exist_ok=True)
+    out_dir = os.path.abspath(ns.out)
+    rel_dir = os.path.relpath(out_dir, ROOT).replace(os.sep, "/")
+    os.makedirs(out_dir, exist_ok=True)
     torch.set_num_threads(2)
     out = {"generator": "oracle/trace_oracle.py", "torch_version": torch.__version__, "models": []}
     for name, factory, inputs, has_seq, points, desc, hf in MODELS:
         if ns.only and name != ns.only:
             continue
         graph = T.trace(factory, inputs, name=name, has_sequence=has_seq)
-        with open(os.path.join(OUT_DIR, name + ".json"), "w") as f:
+        with open(os.path.join(out_dir, name + ".json"), "w") as f:
             json.dump(graph, f, indent=1)
             f.write("\n")
         torch.manual_seed(A.SEED)
@@ -260,7 +277,7 @@ def main():
         trainable = sum(p.numel() for p in S.unique_params(model) if p.requires_grad)
         total = sum(p.numel() for p in S.unique_params(model))
         buffer_bytes = sum(A.storage_nbytes(x) for x in model.buffers())
-        rec = {"name": name, "graph": "tests/fixtures/traced/%s.json" % name, "description": desc,
+        rec = {"name": name, "graph": "%s/%s.json" % (rel_dir, name), "description": desc,
                "has_sequence": has_seq, "trainable_params": trainable, "params": total, "buffer_bytes": buffer_bytes,
                "points": []}
         if hf:
@@ -273,7 +290,7 @@ def main():
             saved = cpu_saved_bytes(model, args)
             pb, ib, steps = cpu_steps(model, args)
             mean_saves = 0
-            if hf and hf["family"] == "llama":
+            if hf and hf["family"] == "llama" and TORCH_1:
                 c = hf["config"]  # torch 1.13's mean.dim input saves (RMSNorm), gone in torch >= 2.0
                 mean_saves = (2 * c["layers"] + 1) * b * s * c["hidden"] * 4
             rec["points"].append({"batch": b, "seq": s, "saved_bytes": saved, "saved_bytes_1_13_only": mean_saves,
@@ -288,14 +305,14 @@ def main():
                 args = inputs(b, s, device="cpu")
                 pb, ib, steps = cpu_steps(model, args)
                 c = hf["config"]  # 1.13's mean.dim input saves, of the fp32 upcast x^2 (RMSNorm computes in fp32)
-                rec["bf16_points"].append({"batch": b, "seq": s, "saved_bytes_1_13_only": (2 * c["layers"] + 1) * b * s * c["hidden"] * 4,
+                rec["bf16_points"].append({"batch": b, "seq": s, "saved_bytes_1_13_only": (2 * c["layers"] + 1) * b * s * c["hidden"] * 4 if TORCH_1 else 0,
                                            "param_bytes": pb, "input_bytes": ib, "step1": steps[0], "step2": steps[1]})
         out["models"].append(rec)
         print("%-14s %2d blocks, %9d params; CPU saved at %s: %s" % (
             name, len(graph["blocks"]), total, [(p["batch"], p["seq"]) for p in rec["points"]],
             [p["saved_bytes"] for p in rec["points"]]), file=sys.stderr)
     if not ns.only:
-        with open(os.path.join(OUT_DIR, "oracle.json"), "w") as f:
+        with open(os.path.join(out_dir, "oracle.json"), "w") as f:
             json.dump(out, f, indent=1, sort_keys=True)
             f.write("\n")
     return 0

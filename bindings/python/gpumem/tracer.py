@@ -73,6 +73,15 @@ def _torch():
         raise TraceError("gpumem.trace needs PyTorch (import torch failed: %s); install torch >= 1.13 "
                          "(Debian: apt-get install python3-torch) or describe the model as a config.json "
                          "or layer list" % e) from None
+    # torch >= 2.0: modules a model factory imports (torchvision imports torch._dynamo) run
+    # tensor code at import time; imported under the trace's meta device or modes, the
+    # torch._dynamo package is left half initialised and every later `import torch._dynamo`
+    # (an optimizer's constructor, for one) fails with a circular-import error. Seen with
+    # Debian trixie's torch 2.6 and torchvision 0.21. Import it first, outside them.
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # torch 1.13 has none; a broken install is not the trace's concern
+        pass
     return sys.modules["torch"]
 
 
@@ -292,7 +301,17 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
 
         @staticmethod
         def forward(ctx, q, k, v):
-            out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+            # The output takes the query's memory layout, as the CUDA flash kernel lays it out
+            # (aten/src/ATen/native/transformers/cuda/attention.cu
+            # _scaled_dot_product_flash_attention_cuda: q_t = query.transpose(1, 2), flash_api.cpp
+            # mha_fwd: out = at::empty_like(q_padded), returned as output.transpose(1, 2)). So the
+            # `attn.transpose(1, 2).contiguous()` / `.permute(2, 0, 1, 3).contiguous()` callers make
+            # copies only where the query was not already laid out that way (torch 2.6's CPU flash
+            # kernel does the same for nn.MultiheadAttention: its out_proj input is the output).
+            if q.dim() == 4 and v.shape[-1] == q.shape[-1]:
+                out = torch.empty_like(q.transpose(1, 2)).transpose(1, 2)
+            else:
+                out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
             lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32, device=q.device)
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.mark_non_differentiable(lse)
@@ -323,6 +342,27 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
         tr.fn_ops[idx]["aten"].append(op_idx)
         tr.sdpa_saved[op_idx] = ins + outs
         return out
+
+    @contextlib.contextmanager
+    def patched_sdpa():
+        """F.scaled_dot_product_attention patched as well as intercepted: a torch function
+        mode is off inside its own handler, so the SDPA call nested in
+        F.multi_head_attention_forward (torch >= 2.0, need_weights=False: nn.MultiheadAttention,
+        torchvision's ViT) reaches no handler; the module attribute is what that code calls."""
+        F = torch.nn.functional
+        orig = getattr(F, "scaled_dot_product_attention", None)
+        if orig is None:  # torch 1.13
+            yield
+            return
+
+        def patched(*a, **kw):
+            return sdpa("scaled_dot_product_attention", a, kw)
+
+        F.scaled_dot_product_attention = patched
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = orig
 
     class FnMode(TorchFunctionMode):
         def __torch_function__(self, func, types, a=(), kw=None):
@@ -430,7 +470,8 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
 
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack), \
-                (_cuda_dropout(torch) if cuda_semantics else contextlib.nullcontext()), FnMode(), AtenMode():
+                (_cuda_dropout(torch) if cuda_semantics else contextlib.nullcontext()), patched_sdpa(), \
+                FnMode(), AtenMode():
             out = model(*args, **kwargs)
             loss = loss_fn(out)
             # the forward returned the loss itself: the loop binds nothing else
