@@ -4,6 +4,7 @@
 #include "gpumem/api/api.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/job.hpp"
@@ -240,15 +241,60 @@ Request with_calibration(const Request& r, const CallOptions& o) {
     return out;
 }
 
+// An overflow of checked arithmetic that reached the front end without a
+// field (capture()'s "size overflows 64 bits: ..."): name the request's
+// size-driving inputs (the fields with a documented limit that the request
+// sets), the largest relative to its limit first, and say which to reduce.
+Error with_overflow_fields(Error e, Command c, const Request& r) {
+    if (e.code != ErrorCode::Overflow || !e.field.empty()) return e;
+    std::vector<std::pair<double, const Field*>> given;
+    for (const Field* f : fields_of(c)) {
+        if (f->limit.empty() || !f->max || f->cli_only) continue;
+        const json v = f->get(r);
+        if (v.is_null() || v == f->default_value) continue;
+        double x = 0;
+        if (v.is_number()) x = v.get<double>();
+        else if (v.is_array())
+            for (const auto& y : v)
+                if (y.is_number()) x = std::max(x, y.get<double>());
+        if (x <= 1) continue;
+        given.emplace_back(std::log(x) / std::log(std::max(*f->max, 2.0)), f);
+    }
+    std::stable_sort(given.begin(), given.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (given.size() > 4) given.resize(4);
+    const std::string what = e.message.rfind("size overflows 64 bits: ", 0) == 0 ? e.message.substr(24) : e.message;
+    const std::string model = !r.job.model.empty() ? r.job.model : r.job.params_count ? std::to_string(*r.job.params_count) + " parameters" : "";
+    std::string msg = "the job is too large to represent: a byte or element count overflows 64 bits (" + what + ")";
+    if (!model.empty()) msg += " for " + model;
+    if (given.empty()) {
+        msg += "; the model's own sizes are too large at these settings: check its config (hidden_size, vocab_size, num_hidden_layers)";
+        e.field = "model";
+    } else {
+        std::string with, reduce;
+        for (std::size_t i = 0; i < given.size(); ++i) {
+            const Field* f = given[i].second;
+            const json v = f->get(r);
+            with += (i ? ", " : "") + f->flag() + " " + v.dump();
+            if (i < 2) reduce += (i ? " or " : "") + f->flag();
+        }
+        msg += " with " + with + "; reduce " + reduce;
+        e.field = given.front().second->name;
+    }
+    e.message = msg;
+    return e;
+}
+
 }  // namespace
 
 Result<Answer> run(Command c, const Request& r_in, const CallOptions& o) {
-    return guarded([&]() -> Answer {
+    auto a = guarded([&]() -> Answer {
         const Request r = with_calibration(r_in, o);
         for (const auto& [cmd, runner] : commands())
             if (cmd == c) return runner(r, o);
         fail(ErrorCode::NotFound, "command", std::string("unknown command \"") + to_string(c) + "\"");
     });
+    if (!a) return with_overflow_fields(a.error(), c, r_in);
+    return a;
 }
 
 Result<Answer> run(Command c, const json& body, const CallOptions& o) {

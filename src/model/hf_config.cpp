@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/core/limits.hpp"
 #include "gpumem/model/transformer.hpp"
 
 namespace gpumem {
@@ -95,6 +96,21 @@ public:
             return *def;
         }
         return to_int(*v, used, min);
+    }
+
+    // A layer count: an integer of at most kMaxLayers (core/limits.hpp), so
+    // that the per-layer lists and the graph stay bounded.
+    std::int64_t layer_count(std::initializer_list<const char*> keys, std::optional<std::int64_t> def) {
+        std::string used = *keys.begin();
+        (void)find(keys, &used);
+        const std::int64_t n = integer(keys, def);
+        check_layers(n, used);
+        return n;
+    }
+    void check_layers(std::int64_t n, const std::string& key) const {
+        if (n > kMaxLayers)
+            bad(key, "must be at most " + std::to_string(kMaxLayers) + " layers (got " + std::to_string(n) +
+                         "); the deepest models in use have ~200 layers: check the value (docs/limits.md)");
     }
 
     // Integer field whose Python default is None: nullopt when missing or null.
@@ -321,7 +337,7 @@ void read_llama_like(Reader& r, TransformerSpec& s, const std::string& type) {
     s.vocab = r.integer({"vocab_size"}, d.vocab);
     s.hidden = r.integer({"hidden_size"}, d.hidden);
     s.intermediate = r.integer({"intermediate_size"}, d.inter);
-    s.layers = r.integer({"num_hidden_layers"}, d.layers);
+    s.layers = r.layer_count({"num_hidden_layers"}, d.layers);
     s.heads = r.integer({"num_attention_heads"}, d.heads);
     auto kv = r.optional_integer({"num_key_value_heads"});
     if (!kv) {
@@ -770,7 +786,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         s.vocab = r.integer({"vocab_size"}, 50257);
         s.max_positions = r.integer({"n_positions", "max_position_embeddings"}, 1024);
         s.hidden = r.integer({"n_embd", "hidden_size"}, 768);
-        s.layers = r.integer({"n_layer", "num_hidden_layers"}, 12);
+        s.layers = r.layer_count({"n_layer", "num_hidden_layers"}, 12);
         s.heads = r.integer({"n_head", "num_attention_heads"}, 12);
         auto inner = r.optional_integer({"n_inner"});
         if (!inner) r.note("n_inner=None: MLP width 4*n_embd");
@@ -795,7 +811,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         Reader r(j, origin, rob ? "RobertaConfig" : "BertConfig", s);
         s.vocab = r.integer({"vocab_size"}, rob ? 50265 : 30522);
         s.hidden = r.integer({"hidden_size"}, 768);
-        s.layers = r.integer({"num_hidden_layers"}, 12);
+        s.layers = r.layer_count({"num_hidden_layers"}, 12);
         s.heads = r.integer({"num_attention_heads"}, 12);
         s.kv_heads = s.heads;
         s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
@@ -829,8 +845,9 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         s.hidden = r.integer({"d_model", "hidden_size"}, 512);
         s.head_dim = r.integer({"d_kv", "head_dim"}, 64);
         s.intermediate = r.integer({"d_ff"}, 2048);
-        s.layers = r.integer({"num_layers", "num_hidden_layers"}, 6);
+        s.layers = r.layer_count({"num_layers", "num_hidden_layers"}, 6);
         auto dec = r.optional_integer({"num_decoder_layers"});
+        if (dec) r.check_layers(*dec, "num_decoder_layers");
         if (!dec) r.note("num_decoder_layers=None: decoder has num_layers layers");
         s.decoder_layers = dec ? *dec : s.layers;
         s.heads = r.integer({"num_heads", "num_attention_heads"}, 8);
@@ -862,7 +879,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         Reader r(j, origin, "OPTConfig", s);
         s.vocab = r.integer({"vocab_size"}, 50272);
         s.hidden = r.integer({"hidden_size"}, 768);
-        s.layers = r.integer({"num_hidden_layers"}, 12);
+        s.layers = r.layer_count({"num_hidden_layers"}, 12);
         s.intermediate = r.integer({"ffn_dim"}, 3072);
         s.max_positions = r.integer({"max_position_embeddings"}, 2048);
         s.heads = r.integer({"num_attention_heads"}, 12);
@@ -893,7 +910,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         Reader r(j, origin, "GPTNeoXConfig", s);
         s.vocab = r.integer({"vocab_size"}, 50432);
         s.hidden = r.integer({"hidden_size"}, 6144);
-        s.layers = r.integer({"num_hidden_layers"}, 44);
+        s.layers = r.layer_count({"num_hidden_layers"}, 44);
         s.heads = r.integer({"num_attention_heads"}, 64);
         s.kv_heads = s.heads;
         s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
@@ -918,7 +935,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         s.vocab = r.integer({"vocab_size"}, 51200);
         s.hidden = r.integer({"hidden_size"}, 2048);
         s.intermediate = r.integer({"intermediate_size"}, 8192);
-        s.layers = r.integer({"num_hidden_layers"}, 24);
+        s.layers = r.layer_count({"num_hidden_layers"}, 24);
         s.heads = r.integer({"num_attention_heads"}, 32);
         auto kv = r.optional_integer({"num_key_value_heads"});
         s.kv_heads = kv ? *kv : s.heads;
@@ -944,7 +961,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
         Reader r(j, origin, "FalconConfig", s);
         s.vocab = r.integer({"vocab_size"}, 65024);
         s.hidden = r.integer({"hidden_size", "n_embed"}, 4544);
-        s.layers = r.integer({"num_hidden_layers", "n_layer"}, 32);
+        s.layers = r.layer_count({"num_hidden_layers", "n_layer"}, 32);
         s.heads = r.integer({"num_attention_heads", "n_head"}, 71);
         s.head_dim = derive_head_dim(r, s.hidden, s.heads, "hidden_size", "num_attention_heads");
         s.norm = N::LayerNorm;
@@ -999,7 +1016,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             const auto vc = j.find("vision_config");
             if (vc != j.end() && vc->is_object()) {
                 Reader v(*vc, origin, "SiglipVisionConfig", s);
-                const std::int64_t vh = v.integer({"hidden_size"}, 768), vi = v.integer({"intermediate_size"}, 3072), vl = v.integer({"num_hidden_layers"}, 12);
+                const std::int64_t vh = v.integer({"hidden_size"}, 768), vi = v.integer({"intermediate_size"}, 3072), vl = v.layer_count({"num_hidden_layers"}, 12);
                 const Patches pg = read_patches(v, 224, 16);
                 const std::int64_t patch = pg.patch, ch = pg.channels, patches = pg.count();
                 // modeling_siglip.py SiglipVisionEmbeddings / SiglipEncoderLayer, modeling_gemma3.py Gemma3MultiModalProjector.
@@ -1031,7 +1048,7 @@ TransformerSpec parse(const json& j, std::string_view origin) {
             const auto vc = j.find("vision_config");
             if (vc != j.end() && vc->is_object()) {
                 Reader v(*vc, origin, "Llama4VisionConfig", s);
-                const std::int64_t D = v.integer({"hidden_size"}, 768), Iv = v.integer({"intermediate_size"}, 5632), Lv = v.integer({"num_hidden_layers"}, 34);
+                const std::int64_t D = v.integer({"hidden_size"}, 768), Iv = v.integer({"intermediate_size"}, 5632), Lv = v.layer_count({"num_hidden_layers"}, 34);
                 const Patches pg = read_patches(v, 448, 14);
                 const std::int64_t patch = pg.patch, ch = pg.channels;
                 const std::int64_t pin = v.integer({"projector_input_dim"}, 4096), pout = v.integer({"projector_output_dim"}, 4096);

@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "gpumem/core/limits.hpp"
 #include "gpumem/model/builder.hpp"
 #include "gpumem/model/load.hpp"
 #include "load_internal.hpp"
@@ -250,6 +251,10 @@ ModelGraph LayerListLoader::load() {
         fail(ErrorCode::InvalidArgument, "layers", origin_ + ": \"layers\" must be an array of layer objects");
     const json& layers = doc_["layers"];
     if (layers.empty()) fail(ErrorCode::InvalidArgument, "layers", origin_ + ": \"layers\" is empty");
+    if (layers.size() > static_cast<std::size_t>(kMaxLayers))
+        fail(ErrorCode::InvalidArgument, "layers",
+             origin_ + ": \"layers\" has " + std::to_string(layers.size()) + " entries; at most " + std::to_string(kMaxLayers) +
+                 " (real layer lists have hundreds; docs/limits.md)");
 
     BlockBuilder b("layers", 1, pdt);
     TensorId cur = b.data("input", Extent::per_sample(prod(shape_)), int_input ? ActRole::Index64 : ActRole::Stream);

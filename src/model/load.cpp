@@ -275,7 +275,23 @@ Result<ModelGraph> load_hf_config_json(const nlohmann::json& config, std::string
         if (!spec) return spec.error();
         std::vector<std::string> dtype_notes;
         const DType wdt = config_weight_dtype(config, dtype_notes);
-        ModelGraph g = build_transformer(spec.value(), wdt);
+        ModelGraph g;
+        try {
+            g = build_transformer(spec.value(), wdt);
+            // Every estimate multiplies the parameter count by up to ~20 bytes
+            // (weights, gradients, optimizer states, copies): keep 64x representable.
+            (void)checked_mul(g.total_params(), 64);
+        } catch (const OverflowError& e) {
+            // The config's sizes multiply past 64 bits: name them.
+            const TransformerSpec& t = spec.value();
+            std::string sizes = "hidden_size=" + std::to_string(t.hidden) + ", intermediate_size=" + std::to_string(t.intermediate) +
+                                ", vocab_size=" + std::to_string(t.vocab) + ", num_hidden_layers=" + std::to_string(t.layers) +
+                                ", num_attention_heads=" + std::to_string(t.heads);
+            if (t.experts > 0) sizes += ", experts=" + std::to_string(t.experts) + " of moe_intermediate_size=" + std::to_string(t.moe_intermediate);
+            fail(ErrorCode::Overflow, "hidden_size",
+                 std::string(origin) + ": the model is too large to represent: its parameter and byte counts overflow 64 bits (" + e.what() +
+                     ") with " + sizes + "; check these values");
+        }
         if (g.name.empty()) {
             if (config.contains("_name_or_path") && config["_name_or_path"].is_string() &&
                 !config["_name_or_path"].get<std::string>().empty())

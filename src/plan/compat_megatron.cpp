@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compat_internal.hpp"
+#include "gpumem/core/limits.hpp"
 
 namespace gpumem {
 
@@ -285,7 +286,43 @@ double activation_without_sp(const MegatronArgs& a, MegatronMemoryReport& r) {
     return total;
 }
 
+// "num_layers=2, hidden_size=8, ...": the arguments a part of the report grows with.
+std::string sizes_of(const MegatronArgs& a, bool activations) {
+    std::string t = "num_layers=" + std::to_string(a.num_layers) + ", hidden_size=" + std::to_string(a.hidden_size);
+    if (activations) {
+        t += ", seq_length=" + std::to_string(a.seq_length) + ", micro_batch_size=" + std::to_string(a.micro_batch_size) +
+             ", padded_vocab_size=" + std::to_string(a.padded_vocab_size);
+    } else {
+        t += ", ffn_hidden_size=" + std::to_string(a.ffn_hidden_size) + ", padded_vocab_size=" + std::to_string(a.padded_vocab_size);
+        if (a.num_experts) t += ", num_experts=" + std::to_string(*a.num_experts) + ", moe_ffn_hidden_size=" + std::to_string(a.moe_ffn_hidden_size);
+    }
+    return t;
+}
+
+// A part of the report must be a byte count a 64-bit integer holds (the JSON
+// answer writes it as one); beyond that the arguments are absurd.
+void check_representable(double bytes, const MegatronArgs& a, bool activations, const char* part) {
+    if (std::isfinite(bytes) && bytes >= 0 && bytes < 9.2e18) return;
+    fail(ErrorCode::Overflow, activations ? "seq_length" : "hidden_size",
+         std::string("Megatron arguments: the ") + part + " memory is too large to represent (over 2^63 bytes) with " + sizes_of(a, activations) +
+             "; reduce " + (activations ? "seq_length, micro_batch_size or hidden_size" : "hidden_size, ffn_hidden_size, num_layers or padded_vocab_size"));
+}
+
+MegatronMemoryReport megatron_report_checked(const MegatronArgs& a);
+
 MegatronMemoryReport megatron_report(const MegatronArgs& a) {
+    try {
+        return megatron_report_checked(a);
+    } catch (const OverflowError& e) {
+        // Checked integer arithmetic of the formulas: name the arguments.
+        fail(ErrorCode::Overflow, "hidden_size",
+             std::string("Megatron arguments: the sizes overflow 64-bit integers (") + e.what() + ") with " + sizes_of(a, true) +
+                 (a.num_experts ? ", num_experts=" + std::to_string(*a.num_experts) : std::string()) +
+                 "; reduce these arguments");
+    }
+}
+
+MegatronMemoryReport megatron_report_checked(const MegatronArgs& a) {
     if (a.hybrid_model)
         fail(ErrorCode::Unsupported, "hybrid_layer_pattern",
              "Theoretical memory footprints not yet supported for hybrid Mamba-Transformer models.");
@@ -293,6 +330,7 @@ MegatronMemoryReport megatron_report(const MegatronArgs& a) {
     MegatronMemoryReport r;
     r.args = a;
     r.weight_and_optimizer_bytes = weight_and_optimizer(a, r);
+    check_representable(r.weight_and_optimizer_bytes, a, false, "weight and optimizer");
     r.weight_and_optimizer_mb = r.weight_and_optimizer_bytes / kMegabyte;
     if (a.sequence_parallel && a.recompute_granularity == "selective") {
         r.activation_formula = "compute_activation_memory";
@@ -303,6 +341,8 @@ MegatronMemoryReport megatron_report(const MegatronArgs& a) {
         r.printout += "compute_activation_memory_without_sp\n";
         r.activation_bytes = activation_without_sp(a, r);
     }
+    check_representable(r.activation_bytes, a, true, "activation");
+    check_representable(r.weight_and_optimizer_bytes + r.activation_bytes, a, true, "total");
     r.activation_mb = r.activation_bytes / kMegabyte;
     r.total_mb = r.weight_and_optimizer_mb + r.activation_mb;
     r.total_bytes = r.weight_and_optimizer_bytes + r.activation_bytes;
@@ -335,18 +375,59 @@ public:
     [[nodiscard]] std::optional<std::int64_t> opt_int(const std::string& k) const {
         const json* v = get(k);
         if (!v) return std::nullopt;
-        if (v->is_number_integer()) return v->get<std::int64_t>();
-        if (v->is_string()) {
+        const std::int64_t most = limit_of(k);
+        const auto too_large = [&]() {
+            fail(ErrorCode::InvalidArgument, k,
+                 "Megatron argument " + k + " must be at most " + std::to_string(most) + " (got " + v->dump() + "); " + limit_why(k) +
+                     " (docs/limits.md)");
+        };
+        std::int64_t n = 0;
+        if (v->is_number_unsigned()) {
+            if (v->get<std::uint64_t>() > static_cast<std::uint64_t>(most)) too_large();
+            n = static_cast<std::int64_t>(v->get<std::uint64_t>());
+        } else if (v->is_number_integer()) {
+            n = v->get<std::int64_t>();
+        } else if (v->is_string()) {
             // "--num-layers 32" style dumps may keep numbers as strings.
             const std::string s = v->get<std::string>();
             std::size_t pos = 0;
+            bool ok = false;
             try {
-                const long long n = std::stoll(s, &pos);
-                if (pos == s.size()) return static_cast<std::int64_t>(n);
+                n = std::stoll(s, &pos);
+                ok = pos == s.size() && !s.empty();
+            } catch (const std::out_of_range&) {
+                too_large();
             } catch (const std::exception&) {
             }
+            if (!ok) fail(ErrorCode::InvalidArgument, k, "Megatron argument " + k + " must be an integer (got " + v->dump() + ")");
+        } else {
+            fail(ErrorCode::InvalidArgument, k, "Megatron argument " + k + " must be an integer (got " + v->dump() + ")");
         }
-        fail(ErrorCode::InvalidArgument, k, "Megatron argument " + k + " must be an integer (got " + v->dump() + ")");
+        if (n > most) too_large();
+        return n;
+    }
+    // The largest value each integer argument may take (core/limits.hpp):
+    // sizes of tensors' dimensions below 2^31, parallel sizes up to the GPU
+    // limit, layers up to the layer limit.
+    static std::int64_t limit_of(const std::string& k) {
+        if (k == "num_layers" || k == "mtp_num_layers" || k == "num_layers_per_virtual_pipeline_stage" || k == "moe_layer_freq") return kMaxLayers;
+        if (k == "world_size" || k == "gtp_weight_remat_size" || k == "num_virtual_stages_per_pipeline_rank" ||
+            (k.size() > 14 && k.compare(k.size() - 14, 14, "_parallel_size") == 0))
+            return kMaxGpus;
+        if (k == "micro_batch_size") return kMaxBatch;
+        if (k == "seq_length") return kMaxSeqTokens;
+        if (k == "num_microbatches") return kMaxGradAccum;
+        if (k == "global_batch_size") return std::int64_t(1) << 40;
+        return std::int64_t(1) << 31;
+    }
+    static std::string limit_why(const std::string& k) {
+        if (k == "micro_batch_size" || k == "num_microbatches") return "2^20: real values are at most a few thousand";
+        if (k == "global_batch_size") return "2^40 sequences: far above any real global batch";
+        if (k == "seq_length") return "2^24 tokens: the longest contexts in use are ~10^7";
+        const std::int64_t most = limit_of(k);
+        if (most == kMaxLayers) return "the deepest models in use have ~200 layers";
+        if (most == kMaxGpus) return "2^20 GPUs: the largest clusters have ~10^5";
+        return "tensor dimensions, vocabularies and counts are below 2^31";
     }
     [[nodiscard]] std::int64_t req_int(const std::string& k) const {
         auto v = opt_int(k);
@@ -495,8 +576,14 @@ MegatronArgs args_from_json(const json& j) {
             }
         }
         if (v.is_number_integer()) {
+            if (v.is_number_unsigned() ? v.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxLayers) : v.get<std::int64_t>() > kMaxLayers)
+                fail(ErrorCode::InvalidArgument, "moe_layer_freq",
+                     "moe_layer_freq must be at most " + std::to_string(kMaxLayers) + " (got " + v.dump() + "); the deepest models in use have ~200 layers");
             a.moe_layer_freq = v.get<std::int64_t>();
         } else if (v.is_array()) {
+            if (v.size() > static_cast<std::size_t>(kMaxLayers))
+                fail(ErrorCode::InvalidArgument, "moe_layer_freq",
+                     "moe_layer_freq lists " + std::to_string(v.size()) + " layers; at most " + std::to_string(kMaxLayers) + " (the deepest models in use have ~200 layers)");
             for (const auto& e : v) {
                 if (!e.is_number_integer()) fail(ErrorCode::InvalidArgument, "moe_layer_freq", "moe_layer_freq list entries must be 0 or 1");
                 a.moe_layer_pattern.push_back(e.get<std::int64_t>());
@@ -561,7 +648,13 @@ Result<MegatronMemoryReport> megatron_report_from_file(const std::string& path) 
         e.message = path + ": " + e.message;
         return e;
     }
-    return megatron_theoretical_memory(*a);
+    auto r = megatron_theoretical_memory(*a);
+    if (!r) {
+        Error e = r.error();
+        e.message = path + ": " + e.message;
+        return e;
+    }
+    return r;
 }
 
 }  // namespace gpumem

@@ -66,7 +66,12 @@ struct Field {
     std::vector<std::string> aliases;  // other CLI spellings ("batch-list")
     std::string default_text;          // a default computed from other fields, in words
     nlohmann::json default_value;      // the default as JSON; null when none or computed
-    std::optional<double> min, max;    // Int / Number / Size range (inclusive)
+    std::optional<double> min, max;    // Int / Number / Size / Count / list-entry range (inclusive)
+    // Why the range ends where it does (docs/limits.md): limits on fields whose
+    // size drives work or memory sit far above real use, so that an absurd
+    // value is refused up front instead of overflowing or exhausting memory.
+    std::string limit;
+    std::optional<std::int64_t> max_items;  // IntList / StringList / EnumList: most entries
     bool positional = false;           // the CLI's first argument (MODEL, MESSAGE, FILE)
     bool required = false;
     bool cli_only = false;             // an output of the command line (--format, --timeline)
@@ -100,6 +105,9 @@ const std::vector<std::pair<std::string, std::string>>& field_groups();
 // canonical JSON value, checking type, unit and range; the error names the
 // field and the fix.
 Result<nlohmann::json> canonical_value(const Field& f, const nlohmann::json& raw);
+
+// Most points one sweep may ask for (batches x seqs), and why.
+inline constexpr std::int64_t kMaxSweepPoints = 4096;
 
 // Reads a request body for a command: keys are field names ('-' or '_');
 // an unknown key or one that does not apply to the command is an error with
