@@ -7,13 +7,14 @@
 #include "gpumem/plan/compat_megatron.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "compat_internal.hpp"
+#include "gpumem/core/input.hpp"
 
 namespace gpumem {
 
@@ -339,12 +340,9 @@ public:
         if (v->is_string()) {
             // "--num-layers 32" style dumps may keep numbers as strings.
             const std::string s = v->get<std::string>();
-            std::size_t pos = 0;
-            try {
-                const long long n = std::stoll(s, &pos);
-                if (pos == s.size()) return static_cast<std::int64_t>(n);
-            } catch (const std::exception&) {
-            }
+            std::int64_t n = 0;
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+            if (!s.empty() && ec == std::errc() && end == s.data() + s.size()) return n;
         }
         fail(ErrorCode::InvalidArgument, k, "Megatron argument " + k + " must be an integer (got " + v->dump() + ")");
     }
@@ -488,6 +486,7 @@ MegatronArgs args_from_json(const json& j) {
             if (s.find('[') == std::string::npos) {
                 v = r.opt_int("moe_layer_freq").value_or(0);
             } else {
+                check_json_depth(s, "moe_layer_freq");
                 v = json::parse(s, nullptr, false);
                 if (v.is_discarded())
                     fail(ErrorCode::InvalidArgument, "moe_layer_freq",
@@ -551,11 +550,16 @@ Result<MegatronArgs> megatron_args_from_json(const nlohmann::json& j) {
 }
 
 Result<MegatronMemoryReport> megatron_report_from_file(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) return Error{ErrorCode::Io, "cannot open Megatron arguments file " + path, path};
-    json j = json::parse(f, nullptr, false);
-    if (j.is_discarded()) return Error{ErrorCode::ParseError, path + ": not valid JSON", path};
-    auto a = megatron_args_from_json(j);
+    // A regular file of at most kMaxConfigBytes, nested no deeper than
+    // kMaxJsonDepth: a folder, FIFO or device is refused before it is opened.
+    auto j = capture([&]() -> json {
+        const std::string text = read_input_file(path, kMaxConfigBytes, "Megatron args JSON");
+        check_json_depth(text, path);
+        return json::parse(text, nullptr, false);
+    });
+    if (!j) return j.error();
+    if (j->is_discarded()) return Error{ErrorCode::ParseError, path + ": not valid JSON; give the arguments as a JSON object (docs/compat.md)", path};
+    auto a = megatron_args_from_json(*j);
     if (!a) {
         Error e = a.error();
         e.message = path + ": " + e.message;
