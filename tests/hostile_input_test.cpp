@@ -324,5 +324,33 @@ TEST_F(Hostile, DoctorNumbersTooLargeForTheirField) {
     expect_exit2(cli("doctor - < " + f), "GPU index");
 }
 
+// Quantization "ignore" entries with "re:" are regexes from the config: one
+// that backtracks exponentially, or nests 5,000 groups, must neither hang nor
+// crash, and excludes nothing; a plain one still applies.
+TEST_F(Hostile, IgnoreRegexFromAConfig) {
+    auto config = [&](const std::string& name, const nlohmann::json& ignore) {
+        nlohmann::json c = {{"model_type", "llama"}, {"hidden_size", 256},        {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4}, {"intermediate_size", 512}, {"vocab_size", 1000}};
+        c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"ignored_layers", ignore}};
+        return file(name, c.dump());
+    };
+    const std::string hostile = config("hostile.json", {"re:(.|.|.)*(.|.|.)*(.|.|.)*(.|.)*$x",
+                                                       "re:" + std::string(5000, '(') + std::string(5000, ')'),
+                                                       "re:.*down_proj"});
+    const std::string plain = config("plain.json", {"re:.*down_proj"});
+    const std::string none = config("none.json", nlohmann::json::array());
+    const auto h = cli("serving " + hostile + " --gpu H100-80GB --format json");
+    const auto p = cli("serving " + plain + " --gpu H100-80GB --format json");
+    const auto n = cli("serving " + none + " --gpu H100-80GB --format json");
+    ASSERT_EQ(h.exit_code, 0) << h.err;
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    ASSERT_EQ(n.exit_code, 0) << n.err;
+    const auto weights = [](const std::string& out) { return nlohmann::json::parse(out)["per_gpu"]["weights"]; };
+    EXPECT_EQ(weights(h.out), weights(p.out));
+    // The plain pattern keeps down_proj unquantized: more weight bytes than
+    // with nothing ignored.
+    EXPECT_GT(weights(p.out).get<std::int64_t>(), weights(n.out).get<std::int64_t>());
+}
+
 }  // namespace
 }  // namespace gpumem
