@@ -613,7 +613,7 @@ TEST(CompatMegatron, FileEntryPointAndRenderers) {
 
     auto missing = megatron_report_from_file(path + ".does-not-exist");
     ASSERT_FALSE(missing.ok());
-    EXPECT_EQ(missing.error().code, ErrorCode::Io);
+    EXPECT_EQ(missing.error().code, ErrorCode::NotFound);
 }
 
 TEST(CompatDeepSpeed, AllLiveT0_3BConfigLargestLayer) {

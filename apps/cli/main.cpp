@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/api/api.hpp"
+#include "gpumem/core/input.hpp"
 #include "gpumem/core/version.hpp"
 #include "gpumem/report/sweep_render.hpp"
 #include "gpumem/report/timeline_render.hpp"
@@ -278,7 +279,14 @@ int main(int argc, char** argv) {
                 std::string message;
                 char buf[4096];
                 std::size_t n;
-                while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) message.append(buf, n);
+                // At most kMaxTextBytes: `gpumem doctor - < /dev/zero` ends.
+                while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) {
+                    if (static_cast<std::int64_t>(message.size() + n) > kMaxTextBytes)
+                        fail(ErrorCode::InvalidArgument, "message",
+                             "message: standard input is longer than the " + format_bytes(Bytes(kMaxTextBytes)) +
+                                 " limit for an out-of-memory message; pipe only the error (e.g. through grep -A3 OutOfMemory)");
+                    message.append(buf, n);
+                }
                 body["message"] = message;
             }
             const Request req = take(parse_request(s.command, body));

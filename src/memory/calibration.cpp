@@ -3,9 +3,8 @@
 #include "gpumem/memory/calibration.hpp"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
+#include "gpumem/core/input.hpp"
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/job.hpp"
 
@@ -120,11 +119,20 @@ Result<Calibration> calibration_from_json(const json& j) {
 }
 
 Result<Calibration> load_calibration(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return Error{ErrorCode::InvalidArgument, "calibration: cannot read " + path + " (write it with gpumem calibrate ... --out FILE)", "calibration"};
-    std::stringstream ss;
-    ss << in.rdbuf();
-    json j = json::parse(ss.str(), nullptr, false);
+    // A regular file of at most kMaxConfigBytes, nested no deeper than
+    // kMaxJsonDepth (a calibration file nests 3 levels).
+    auto text = capture([&] {
+        std::string t = read_input_file(path, kMaxConfigBytes, "calibration");
+        check_json_depth(t, path);
+        return t;
+    });
+    if (!text) {
+        Error e = text.error();
+        e.message = "calibration: " + e.message;
+        e.field = "calibration";
+        return e;
+    }
+    json j = json::parse(*text, nullptr, false);
     if (j.is_discarded()) return Error{ErrorCode::InvalidArgument, "calibration: " + path + " is not JSON", "calibration"};
     return calibration_from_json(j);
 }

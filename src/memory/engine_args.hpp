@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -22,14 +23,9 @@ inline void check(bool ok, const char* field, const std::string& msg) {
 
 // An integer flag value, all of it ("--max-model-len 32k" is an error naming the flag).
 inline std::int64_t to_int(const std::string& engine, const std::string& flag, const std::string& v) {
-    std::size_t used = 0;
-    long long n = 0;
-    try {
-        n = std::stoll(v, &used);
-    } catch (...) {
-        used = 0;
-    }
-    if (used != v.size() || v.empty()) fail(ErrorCode::InvalidArgument, "command", engine + " " + flag + " takes an integer (got \"" + v + "\")");
+    std::int64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || end != v.data() + v.size() || v.empty()) fail(ErrorCode::InvalidArgument, "command", engine + " " + flag + " takes an integer (got \"" + v + "\")");
     return n;
 }
 

@@ -480,11 +480,10 @@ Result<LlamaModel> llama_model_from_gguf(const GgufFile& f, std::string_view nam
             if (t.name.rfind("blk.", 0) == 0) {
                 const std::size_t dot = t.name.find('.', 4);
                 std::int64_t il = -1;
-                try {
-                    il = std::stoll(t.name.substr(4, dot - 4));
-                } catch (...) {
+                const std::string_view idx = std::string_view(t.name).substr(4, dot == std::string::npos ? std::string_view::npos : dot - 4);
+                if (const auto [end, ec] = std::from_chars(idx.data(), idx.data() + idx.size(), il);
+                    ec != std::errc() || end != idx.data() + idx.size() || idx.empty())
                     il = -1;
-                }
                 check(il >= 0 && il < m.n_layer, "model", std::string(name) + ": tensor " + t.name + " names a block outside 0.." + std::to_string(m.n_layer - 1));
                 x.layer = static_cast<int>(il);
             } else if (t.name.rfind("output", 0) == 0) {
@@ -798,7 +797,9 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
 
     // The model: a .gguf header, or a preset / config.json with --quant.
     LlamaModel m;
-    const bool file = is_gguf_path(job.model) && std::filesystem::exists(job.model);
+    // A path that exists, or that cannot be inspected (a link loop): read_gguf names the problem.
+    std::error_code exists_ec;
+    const bool file = is_gguf_path(job.model) && (std::filesystem::exists(job.model, exists_ec) || exists_ec);
     if (file) {
         const GgufFile f = take(read_gguf(job.model));
         m = take(llama_model_from_gguf(f, std::filesystem::path(job.model).filename().string()));

@@ -3,6 +3,8 @@
 #include "gpumem/memory/weight_quant.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <memory>
 #include <regex>
 
 namespace gpumem {
@@ -19,13 +21,41 @@ struct Ignore {
     std::int64_t layer = -1;  // -1: every layer (or outside the layers)
     std::string module;
     bool regex = false;
+    std::shared_ptr<const std::regex> re;  // "re:" entries, compiled once; null: unreadable, excludes nothing
 };
+
+// A "re:" pattern from a config, compiled once. The pattern is untrusted: it
+// is capped in length and nesting (the regex compiler recurses per group),
+// and matched with libstdc++'s polynomial (breadth-first) executor, so that
+// "(.|.)*x" cannot backtrack exponentially. A pattern it cannot read (or a
+// back-reference, which needs backtracking) excludes nothing, as before.
+std::shared_ptr<const std::regex> compile_ignore(const std::string& pattern) {
+    constexpr std::size_t kMaxPattern = 1024;
+    constexpr int kMaxGroups = 32;
+    if (pattern.size() > kMaxPattern) return nullptr;
+    int depth = 0;
+    for (std::size_t i = 0; i < pattern.size(); ++i) {
+        if (pattern[i] == '\\') ++i;
+        else if (pattern[i] == '(' && ++depth > kMaxGroups) return nullptr;
+        else if (pattern[i] == ')' && depth > 0) --depth;
+    }
+    try {
+#ifdef __GLIBCXX__
+        return std::make_shared<const std::regex>(pattern, std::regex::ECMAScript | std::regex_constants::__polynomial);
+#else
+        return std::make_shared<const std::regex>(pattern, std::regex::ECMAScript);
+#endif
+    } catch (const std::regex_error&) {
+        return nullptr;
+    }
+}
 
 Ignore parse_ignore(const std::string& e) {
     Ignore ig;
     if (e.rfind("re:", 0) == 0) {
         ig.regex = true;
         ig.module = e.substr(3);
+        ig.re = compile_ignore(ig.module);
         return ig;
     }
     std::string m = e;
@@ -34,7 +64,10 @@ Ignore parse_ignore(const std::string& e) {
     if (m.rfind("layers.", 0) == 0) {
         const std::size_t dot = m.find('.', 7);
         const std::string idx = m.substr(7, dot == std::string::npos ? std::string::npos : dot - 7);
-        if (!idx.empty() && std::all_of(idx.begin(), idx.end(), [](char c) { return c >= '0' && c <= '9'; }) && idx.size() < 9) ig.layer = std::stoll(idx);
+        std::int64_t n = 0;
+        if (const auto [end, ec] = std::from_chars(idx.data(), idx.data() + idx.size(), n);
+            !idx.empty() && ec == std::errc() && end == idx.data() + idx.size() && n >= 0)
+            ig.layer = n;
         m = dot == std::string::npos ? "" : m.substr(dot + 1);
     }
     ig.module = m;
@@ -44,11 +77,12 @@ Ignore parse_ignore(const std::string& e) {
 bool ignored(const std::vector<Ignore>& igs, std::int64_t layer, const std::string& module) {
     for (const Ignore& ig : igs) {
         if (ig.regex) {
+            if (!ig.re) continue;  // a pattern std::regex cannot read excludes nothing
             try {
                 const std::string full = (layer >= 0 ? "model.layers." + std::to_string(layer) + "." : std::string()) + module;
-                if (std::regex_search(full, std::regex(ig.module))) return true;
+                if (std::regex_search(full, *ig.re)) return true;
             } catch (const std::regex_error&) {
-                return false;  // a pattern std::regex cannot read excludes nothing
+                // error_complexity / error_stack while matching: excludes nothing
             }
             continue;
         }

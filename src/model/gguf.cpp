@@ -6,6 +6,8 @@
 // this reader allocate or loop beyond what the file's bytes can hold. All
 // integers are read byte-wise as little-endian, so the reader is portable.
 #include "gpumem/model/gguf.hpp"
+#include "gpumem/core/budget.hpp"
+#include "gpumem/core/input.hpp"
 
 #include <algorithm>
 #include <array>
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <unordered_map>
 
@@ -347,6 +350,7 @@ void Parser::read_kv(std::int64_t index, GgufFile& g) {
             if (n > kMaxStringArray)
                 bad(what + " has more than " + std::to_string(kMaxStringArray) + " strings, the reader's limit");
             for (std::uint64_t j = 0; j < n; ++j) {
+                check_budget();
                 const std::uint64_t len = read_u64("the length of element " + std::to_string(j) + " of " + what);
                 if (len > kMaxString)
                     bad("element " + std::to_string(j) + " of " + what + " is " + std::to_string(len) +
@@ -621,18 +625,9 @@ Result<GgufFile> parse_gguf(std::string_view bytes, std::int64_t file_size) {
 
 Result<GgufFile> read_gguf(const std::string& path) {
     return capture([&]() -> GgufFile {
-        namespace fs = std::filesystem;
-        std::error_code ec;
-        const fs::file_status st = fs::status(path, ec);
-        if (st.type() == fs::file_type::not_found)
-            fail(ErrorCode::NotFound, "model", path + ": no such file");
-        if (ec) fail(ErrorCode::Io, "model", path + ": cannot inspect the path: " + ec.message());
-        if (fs::is_directory(st)) bad_model(path + ": is a directory, not a GGUF file");
-        if (!fs::is_regular_file(st))
-            bad_model(path + ": is not a regular file (a FIFO, socket or device); give the path of a .gguf file");
-        const auto size = fs::file_size(path, ec);
-        if (ec) fail(ErrorCode::Io, "model", path + ": cannot read the file size: " + ec.message());
-        if (size > static_cast<std::uintmax_t>(INT64_MAX)) bad_model(path + ": the file is too large");
+        // A regular file of any size (only the header is read, in chunks):
+        // a FIFO, device or folder is refused before it is opened.
+        const auto size = check_input_file(path, std::numeric_limits<std::int64_t>::max(), "GGUF model");
         std::ifstream f(path, std::ios::binary);
         if (!f) fail(ErrorCode::Io, "model", path + ": cannot open the file for reading (check its permissions)");
         const auto file_size = static_cast<std::int64_t>(size);

@@ -2,6 +2,7 @@
 // folders (config.json + safetensors headers) and --params counts.
 #include "gpumem/model/load.hpp"
 #include "gpumem/model/graph_json.hpp"
+#include "gpumem/core/input.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -39,19 +40,14 @@ using nlohmann::json;
 // ---------------------------------------------------------------------------
 namespace detail {
 
-std::string read_text_file(const std::string& path) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) fail(ErrorCode::NotFound, path, path + ": no such file");
-    if (fs::is_directory(path, ec)) fail(ErrorCode::InvalidArgument, path, path + ": is a folder, expected a file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(ErrorCode::Io, path, path + ": cannot open the file for reading (check its permissions)");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) fail(ErrorCode::Io, path, path + ": read error");
-    return ss.str();
+std::string read_text_file(const std::string& path, std::string_view what) {
+    // Regular files only (a FIFO or /dev/zero would never end), at most
+    // kMaxConfigBytes: no model description comes near that size.
+    return read_input_file(path, kMaxConfigBytes, what);
 }
 
 json parse_json_text(const std::string& text, std::string_view origin) {
+    check_json_depth(text, origin);
     try {
         return json::parse(text);
     } catch (const json::parse_error& e) {
@@ -69,6 +65,14 @@ json parse_json_text(const std::string& text, std::string_view origin) {
         fail(ErrorCode::ParseError, std::string(origin),
              std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + reason + "; " + fix);
     }
+}
+
+Error fs_error(const std::filesystem::filesystem_error& e) {
+    const std::string path = !e.path1().empty() ? e.path1().string() : std::string("model folder");
+    if (e.code() == std::errc::too_many_symbolic_link_levels)
+        return Error{ErrorCode::InvalidArgument,
+                     path + ": too many levels of symbolic links (a link loop?); remove the loop or give the real file", path};
+    return Error{ErrorCode::Io, path + ": cannot read (" + e.code().message() + "); check the path and its permissions", path};
 }
 
 json read_json_file(const std::string& path) {
@@ -445,7 +449,7 @@ std::optional<HfSnapshot> find_hf_snapshot(const HfId& id, const fs::path& cache
     auto read_ref = [&](const std::string& name) -> std::optional<std::string> {
         const fs::path ref = repo_dir / "refs" / name;
         if (!fs::is_regular_file(ref, ec)) return std::nullopt;
-        std::string hash = trimmed(detail::read_text_file(ref.string()));
+        std::string hash = trimmed(detail::read_text_file(ref.string(), "Hugging Face cache ref"));
         const bool ok = !hash.empty() && std::all_of(hash.begin(), hash.end(), [](char c) {
             return std::isalnum(static_cast<unsigned char>(c)) != 0;
         });
@@ -578,7 +582,10 @@ Result<ModelGraph> load_model(const std::string& spec, const OnnxOptions& onnx) 
                      "model"};
     std::error_code ec;
     if (fs::is_directory(spec, ec)) return load_model_dir(spec);
-    if (fs::exists(spec, ec)) {
+    const bool exists = fs::exists(spec, ec);
+    if (ec == std::errc::too_many_symbolic_link_levels)
+        return detail::fs_error(fs::filesystem_error("model", spec, ec));
+    if (exists) {
         return detail::guard([&]() -> Result<ModelGraph> {
             if (fs::path(spec).extension() == ".onnx") return take(load_onnx_file(spec, onnx));
             if (fs::path(spec).extension() == ".safetensors")
@@ -797,9 +804,21 @@ Result<ModelGraph> load_model_dir(const std::string& dir) {
         // Per-parameter dtype: match graph names ("self_attn.q_proj.weight") to
         // checkpoint names ("model.layers.0.self_attn.q_proj.weight") by dotted
         // suffix, longest first; names with no match take the dominant dtype.
+        // Only suffixes no longer than the longest graph name can match, so
+        // only those are kept: a checkpoint name of 200,000 dotted parts costs
+        // a few short strings, not 200,000 copies of itself.
+        std::size_t longest_graph_name = 0;
+        for (const auto& b : g.blocks)
+            for (const auto& p : b.params) longest_graph_name = std::max(longest_graph_name, p.name.size());
         std::unordered_map<std::string, std::map<DType, std::int64_t>> by_suffix;
         for (const auto& [name, dt] : tensor_dtype) {
             std::size_t pos = 0;
+            if (name.size() > longest_graph_name) {
+                // The first component boundary at or after size - longest.
+                pos = name.find('.', name.size() - longest_graph_name - 1);
+                if (pos == std::string::npos) continue;
+                ++pos;
+            }
             for (;;) {
                 const std::string suf = name.substr(pos);
                 if (suf.find('.') == std::string::npos) break;  // keep at least "module.weight"

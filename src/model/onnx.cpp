@@ -15,6 +15,7 @@
 // Every input is validated (counts, attributes, ranks, data sizes) and an
 // error names the node (index, name, op_type) or the field.
 #include "gpumem/model/onnx.hpp"
+#include "gpumem/core/input.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -1621,17 +1622,9 @@ Result<ModelGraph> load_onnx_bytes(std::string_view bytes, const std::string& or
 Result<ModelGraph> load_onnx_file(const std::string& path, const OnnxOptions& opts) {
     return capture([&]() -> ModelGraph {
         namespace fs = std::filesystem;
-        std::error_code ec;
-        if (!fs::is_regular_file(path, ec)) fail(ErrorCode::NotFound, path, path + ": not a regular file");
-        const auto size = fs::file_size(path, ec);
-        if (ec) fail(ErrorCode::Io, path, path + ": cannot read its size: " + ec.message());
-        if (size > static_cast<std::uintmax_t>(opts.max_file_bytes))
-            fail(ErrorCode::InvalidArgument, path, path + ": " + std::to_string(size) + " bytes exceed the limit of " + std::to_string(opts.max_file_bytes) + " for an ONNX file");
-        std::ifstream f(path, std::ios::binary);
-        if (!f) fail(ErrorCode::Io, path, path + ": cannot open");
-        std::string bytes(static_cast<std::size_t>(size), '\0');
-        f.read(bytes.data(), static_cast<std::streamsize>(size));
-        if (f.gcount() != static_cast<std::streamsize>(size)) fail(ErrorCode::Io, path, path + ": short read");
+        // A regular file of at most max_file_bytes (a FIFO or device is
+        // refused before it is opened), read in full.
+        const std::string bytes = read_input_file(path, opts.max_file_bytes, "model (.onnx)");
         auto g = take(load_onnx_bytes(bytes, path, opts));
         std::string stem = fs::path(path).stem().string();
         if (g.name.empty() || g.name == "onnx") g.name = stem;

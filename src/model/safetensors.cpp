@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <array>
-#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "gpumem/core/input.hpp"
 
 #include "load_internal.hpp"
 
@@ -80,6 +82,7 @@ bool as_nonneg_int(const json& v, std::int64_t& out) {
 Result<SafetensorsHeader> parse_safetensors_header(const std::string& json_text, std::int64_t data_size,
                                                    const std::string& origin) {
     return detail::guard([&]() -> Result<SafetensorsHeader> {
+        check_json_depth(json_text, origin + " (safetensors header)");
         json doc;
         try {
             doc = json::parse(json_text);
@@ -169,12 +172,10 @@ Result<SafetensorsHeader> parse_safetensors_header(const std::string& json_text,
 
 Result<SafetensorsHeader> read_safetensors_header(const std::string& path) {
     return detail::guard([&]() -> Result<SafetensorsHeader> {
-        namespace fs = std::filesystem;
-        std::error_code ec;
-        if (!fs::is_regular_file(path, ec)) fail(ErrorCode::NotFound, path, path + ": no such file");
-        const auto fsize = fs::file_size(path, ec);
-        if (ec) fail(ErrorCode::Io, path, path + ": cannot read the file size: " + ec.message());
-        const auto file_size = static_cast<std::int64_t>(fsize);
+        // A regular file of any size (only the header is read; the weights may
+        // be hundreds of GB): a FIFO or device is refused before it is opened.
+        const std::int64_t file_size =
+            check_input_file(path, std::numeric_limits<std::int64_t>::max(), "safetensors");
         if (file_size < 8)
             bad(path, "", "file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
         std::ifstream in(path, std::ios::binary);

@@ -7,13 +7,14 @@
 #include "gpumem/plan/compat_megatron.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "compat_internal.hpp"
+#include "gpumem/core/input.hpp"
 #include "gpumem/core/limits.hpp"
 
 namespace gpumem {
@@ -390,16 +391,10 @@ public:
         } else if (v->is_string()) {
             // "--num-layers 32" style dumps may keep numbers as strings.
             const std::string s = v->get<std::string>();
-            std::size_t pos = 0;
-            bool ok = false;
-            try {
-                n = std::stoll(s, &pos);
-                ok = pos == s.size() && !s.empty();
-            } catch (const std::out_of_range&) {
-                too_large();
-            } catch (const std::exception&) {
-            }
-            if (!ok) fail(ErrorCode::InvalidArgument, k, "Megatron argument " + k + " must be an integer (got " + v->dump() + ")");
+            const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+            if (ec == std::errc::result_out_of_range) too_large();
+            if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+                fail(ErrorCode::InvalidArgument, k, "Megatron argument " + k + " must be an integer (got " + v->dump() + ")");
         } else {
             fail(ErrorCode::InvalidArgument, k, "Megatron argument " + k + " must be an integer (got " + v->dump() + ")");
         }
@@ -569,6 +564,7 @@ MegatronArgs args_from_json(const json& j) {
             if (s.find('[') == std::string::npos) {
                 v = r.opt_int("moe_layer_freq").value_or(0);
             } else {
+                check_json_depth(s, "moe_layer_freq");
                 v = json::parse(s, nullptr, false);
                 if (v.is_discarded())
                     fail(ErrorCode::InvalidArgument, "moe_layer_freq",
@@ -638,11 +634,16 @@ Result<MegatronArgs> megatron_args_from_json(const nlohmann::json& j) {
 }
 
 Result<MegatronMemoryReport> megatron_report_from_file(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) return Error{ErrorCode::Io, "cannot open Megatron arguments file " + path, path};
-    json j = json::parse(f, nullptr, false);
-    if (j.is_discarded()) return Error{ErrorCode::ParseError, path + ": not valid JSON", path};
-    auto a = megatron_args_from_json(j);
+    // A regular file of at most kMaxConfigBytes, nested no deeper than
+    // kMaxJsonDepth: a folder, FIFO or device is refused before it is opened.
+    auto j = capture([&]() -> json {
+        const std::string text = read_input_file(path, kMaxConfigBytes, "Megatron args JSON");
+        check_json_depth(text, path);
+        return json::parse(text, nullptr, false);
+    });
+    if (!j) return j.error();
+    if (j->is_discarded()) return Error{ErrorCode::ParseError, path + ": not valid JSON; give the arguments as a JSON object (docs/compat.md)", path};
+    auto a = megatron_args_from_json(*j);
     if (!a) {
         Error e = a.error();
         e.message = path + ": " + e.message;

@@ -18,11 +18,13 @@
 //   device-generic allocator.) format_size(): "<n> bytes" up to 1024, then
 //   KiB / MiB / GiB with two decimals.
 #include "gpumem/plan/doctor.hpp"
+#include "gpumem/core/input.hpp"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <regex>
 
 namespace gpumem {
@@ -98,6 +100,15 @@ std::optional<Bytes> to_bytes(const std::string& number, const std::string& unit
     const double v = std::strtod(number.c_str(), nullptr) * mult;
     if (!std::isfinite(v) || v < 0.0 || v >= 9.0e18) return std::nullopt;
     return Bytes(static_cast<std::int64_t>(std::llround(v)));
+}
+
+// The device number and PIDs the message prints, range-checked: a number too
+// large for its field is bad input (exit 2 naming it), not an internal error.
+int gpu_index(const std::string& digits) {
+    return static_cast<int>(parse_int_in_range(digits, "GPU index in the message", 0, std::numeric_limits<int>::max()));
+}
+std::int64_t process_id(const std::string& digits) {
+    return parse_int_in_range(digits, "process id in the message", 0, std::numeric_limits<std::int64_t>::max());
 }
 
 std::regex re(const std::string& pattern) { return std::regex(pattern, std::regex::ECMAScript | std::regex::icase); }
@@ -215,7 +226,7 @@ Result<OomReport> parse_oom_message(std::string_view raw) {
 
         if (std::regex_search(text, m, v2_cap_re)) {
             r.wording = "2.x";
-            if (m[1].length() > 0) r.gpu_index = std::stoi(m[1].str());
+            if (m[1].length() > 0) r.gpu_index = gpu_index(m[1].str());
             auto total = to_bytes(m[2].str(), m[3].str());
             auto fr = to_bytes(m[4].str(), m[5].str());
             if (!total || !fr) return parse_error("the total capacity or free size is out of range");
@@ -254,7 +265,7 @@ Result<OomReport> parse_oom_message(std::string_view raw) {
                                       "); ignored");
                     continue;
                 }
-                r.other_processes.push_back(OomProcess{std::stoll(pm[1].str()), *b});
+                r.other_processes.push_back(OomProcess{process_id(pm[1].str()), *b});
             }
             // In a container the PID namespace hides which line is this
             // process: every line reads "Process N". The one holding at least
@@ -281,7 +292,7 @@ Result<OomReport> parse_oom_message(std::string_view raw) {
 
         if (std::regex_search(text, m, v1_cap_re)) {
             r.wording = "1.x";
-            if (m[1].length() > 0) r.gpu_index = std::stoi(m[1].str());
+            if (m[1].length() > 0) r.gpu_index = gpu_index(m[1].str());
             auto total = to_bytes(m[2].str(), m[3].str());
             if (!total) return parse_error("the total capacity is out of range");
             r.total_capacity = *total;

@@ -3,6 +3,7 @@
 // Lib/pickletools.py (argument encodings). Every read is bounds-checked; the
 // parser is a loop over opcodes with explicit stacks, never recursive.
 #include "gpumem/sim/pickle.hpp"
+#include "gpumem/core/budget.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -38,7 +39,7 @@ std::span<const Document::Id> Document::items(Id id) const {
         case Kind::List:
         case Kind::Tuple:
         case Kind::Dict:
-        case Kind::Set: return containers_[n.ref];
+        case Kind::Set: return n.ref == kNoItems ? std::span<const Id>() : std::span<const Id>(containers_[n.ref]);
         default: return {};
     }
 }
@@ -120,6 +121,7 @@ public:
     Document run() {
         const std::size_t n = data_.size();
         while (true) {
+            check_budget();  // the service's deadline (one load when none is set)
             if (pos_ >= n) truncated("the pickle has no STOP opcode");
             op_pos_ = pos_;
             const std::uint8_t op = static_cast<std::uint8_t>(data_[pos_++]);
@@ -160,7 +162,7 @@ public:
                 case PUT: memo_put(parse_index_line()); break;
                 case BINPUT: memo_put(u8()); break;
                 case LONG_BINPUT: memo_put(static_cast<std::uint32_t>(uint_le(4))); break;
-                case MEMOIZE: memo_put(static_cast<std::uint64_t>(memo_.size())); break;
+                case MEMOIZE: memo_put(static_cast<std::uint64_t>(memo_count_)); break;
                 case GET: memo_get(parse_index_line()); break;
                 case BINGET: memo_get(u8()); break;
                 case LONG_BINGET: memo_get(static_cast<std::uint32_t>(uint_le(4))); break;
@@ -377,6 +379,12 @@ private:
         Node node;
         node.kind = k;
         node.height = static_cast<std::uint16_t>(h);
+        if (items.empty()) {
+            // An empty container takes no item list until something is added
+            // (a file of EMPTY_DICT opcodes costs a node per byte, no more).
+            node.ref = Document::kNoItems;
+            return new_node(node);
+        }
         node.ref = static_cast<std::uint32_t>(doc_.containers_.size());
         const Id id = new_node(node);
         doc_.containers_.push_back(std::move(items));
@@ -482,6 +490,12 @@ private:
         Node& t = doc_.nodes_[target];
         if (t.kind != want)
             malformed(std::string("adds items to ") + kind_name(t.kind) + ", expected " + kind_name(want));
+        if (items.empty()) return;
+        if (t.ref == Document::kNoItems) {
+            if (doc_.containers_.size() >= std::numeric_limits<std::uint32_t>::max() - 1) malformed("too many containers");
+            t.ref = static_cast<std::uint32_t>(doc_.containers_.size());
+            doc_.containers_.emplace_back();
+        }
         auto& c = doc_.containers_[t.ref];
         if (items.size() > lim_.max_container - c.size())
             malformed("a container with more than " + std::to_string(lim_.max_container) + " items");
@@ -500,19 +514,38 @@ private:
         if (ec != std::errc() || p != s.data() + s.size() || s.empty()) malformed("not a memo index: \"" + printable(s) + "\"");
         return v;
     }
+    // The memo: keys below memo_dense_.size() in a flat array (MEMOIZE and
+    // the picklers' BINPUT number them 0, 1, 2, ...: 4 bytes each), any
+    // other key in a map. A file of MEMOIZE opcodes costs 4 bytes per byte
+    // read, not a hash node per byte.
+    static constexpr Id kNoMemo = std::numeric_limits<Id>::max();  // never a node id (new_node stops below it)
     void memo_put(std::uint64_t key) {
         need_stack(1);
-        auto it = memo_.find(key);
-        if (it != memo_.end()) {
-            it->second = stack_.back();
+        const Id v = stack_.back();
+        if (key < memo_dense_.size() && memo_dense_[key] != kNoMemo) {
+            memo_dense_[key] = v;
             return;
         }
-        if (memo_.size() >= lim_.max_memo) malformed("more than " + std::to_string(lim_.max_memo) + " memo entries");
-        memo_.emplace(key, stack_.back());
+        if (auto it = memo_sparse_.find(key); it != memo_sparse_.end()) {
+            it->second = v;
+            return;
+        }
+        if (memo_count_ >= lim_.max_memo) malformed("more than " + std::to_string(lim_.max_memo) + " memo entries");
+        ++memo_count_;
+        // Dense while the array stays at most twice the number of entries.
+        if (key < memo_dense_.size()) {
+            memo_dense_[key] = v;
+        } else if (key <= 2 * memo_count_ + 1024) {
+            memo_dense_.resize(static_cast<std::size_t>(key) + 1, kNoMemo);
+            memo_dense_[key] = v;
+        } else {
+            memo_sparse_.emplace(key, v);
+        }
     }
     void memo_get(std::uint64_t key) {
-        const auto it = memo_.find(key);
-        if (it == memo_.end()) malformed("memo key " + std::to_string(key) + " was never stored");
+        if (key < memo_dense_.size() && memo_dense_[key] != kNoMemo) return push(memo_dense_[key]);
+        const auto it = memo_sparse_.find(key);
+        if (it == memo_sparse_.end()) malformed("memo key " + std::to_string(key) + " was never stored");
         push(it->second);
     }
 
@@ -523,7 +556,9 @@ private:
     std::size_t op_pos_ = 0;
     std::vector<Id> stack_;
     std::vector<std::size_t> marks_;
-    std::unordered_map<std::uint64_t, Id> memo_;
+    std::vector<Id> memo_dense_;
+    std::unordered_map<std::uint64_t, Id> memo_sparse_;
+    std::size_t memo_count_ = 0;
     Document doc_;
 };
 

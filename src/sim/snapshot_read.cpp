@@ -7,16 +7,13 @@
 #include "gpumem/sim/snapshot.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/core/input.hpp"
 #include "gpumem/sim/pickle.hpp"
 
 namespace gpumem::sim {
@@ -578,20 +575,14 @@ private:
 };
 
 
-constexpr int kJsonMaxDepth = 256;
-
 Snapshot parse_json(std::string_view data, const std::string& origin) {
+    // Nesting is bounded by a linear scan first (a snapshot nests ~6 levels);
+    // the plain parse then builds the DOM in linear time. (nlohmann's callback
+    // parser rescans the parent array at every object's end: quadratic.)
+    check_json_depth(data, origin);
     json doc;
     try {
-        // The callback bounds nesting before the DOM gets deep.
-        doc = json::parse(
-            data.begin(), data.end(),
-            [&](int depth, json::parse_event_t, json&) {
-                if (depth > kJsonMaxDepth)
-                    fail(ErrorCode::ParseError, origin,
-                         origin + ": JSON nested deeper than " + std::to_string(kJsonMaxDepth) + " levels; not a memory snapshot");
-                return true;
-            });
+        doc = json::parse(data.begin(), data.end());
     } catch (const json::exception& e) {
         fail(ErrorCode::ParseError, origin, origin + ": not valid JSON: " + e.what());
     }
@@ -637,16 +628,11 @@ Result<Snapshot> parse_snapshot_bytes(std::string_view data, std::string origin)
 }
 
 Result<Snapshot> read_snapshot(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) {
-        const int err = errno;
-        return Error{err == ENOENT ? ErrorCode::NotFound : ErrorCode::Io,
-                     path + ": cannot open the snapshot: " + std::strerror(err), path};
-    }
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    if (f.bad()) return Error{ErrorCode::Io, path + ": read error", path};
-    return parse_snapshot_bytes(ss.str(), path);
+    // A regular file of at most kMaxSnapshotBytes: a FIFO, /dev/zero or a
+    // folder is refused before it is opened.
+    auto data = capture([&] { return read_input_file(path, kMaxSnapshotBytes, "snapshot"); });
+    if (!data) return data.error();
+    return parse_snapshot_bytes(*data, path);
 }
 
 }  // namespace gpumem::sim

@@ -79,6 +79,7 @@ public:
 
 private:
     friend class Parser;
+    static constexpr std::uint32_t kNoItems = 0xffffffffu;  // Node::ref of a container with no items yet
     struct Node {
         Kind kind = Kind::None;
         std::uint16_t height = 0;  // nesting height as built (0 for scalars)
