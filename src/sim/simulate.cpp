@@ -102,7 +102,17 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             so.stage = stage;
             so.cublas_workspaces = pytorch;
             so.cublas_workspace = req.cublas_workspace.value_or(j.gpu.cublas_workspace);
-            sim::StepTrace trace = sim::build_step_trace(g, j, so);
+            sim::StepTrace trace;
+            try {
+                trace = sim::build_step_trace(g, j, so);
+            } catch (const sim::TraceTooLarge& e) {
+                // Too long to simulate within bounded time and memory: the analytic
+                // estimate (what --analytic prints), said so.
+                r.warnings.push_back(std::string("step simulation skipped: ") + e.what() +
+                                     " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
+                r.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
+                return r;
+            }
             // Replay against the GPU's capacity: the allocator frees its cache and
             // retries before it fails, so this decides whether the job fits. When
             // it does not, replay again without a limit to report what it needs.

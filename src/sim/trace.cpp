@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "gpumem/core/budget.hpp"
+
 namespace gpumem::sim {
 
 const char* phase_name(Phase p) {
@@ -141,6 +143,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
 
     for (std::int64_t i = 0; i < n; ++i) {
+        check_budget();
         const TraceEvent& e = ev[static_cast<std::size_t>(i)];
         switch (e.kind) {
             case TraceEvent::Kind::Alloc: {
