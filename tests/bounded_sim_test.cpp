@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gpumem/core/budget.hpp"
+#include "gpumem/plan/doctor.hpp"
 #include "gpumem/plan/planner.hpp"
 #include "gpumem/plan/sweep.hpp"
 #include "gpumem/sim/allocator.hpp"
@@ -208,4 +209,22 @@ TEST(BoundedSim, TooLongATraceFallsBackToTheAnalyticEstimate) {
     const auto j = nlohmann::json::parse(r.out), ja = nlohmann::json::parse(a.out);
     EXPECT_NE(j.dump().find("step simulation skipped"), std::string::npos);
     EXPECT_EQ(j["per_gpu"]["total_device"], ja["per_gpu"]["total_device"]);
+}
+
+// The doctor prices expandable_segments by simulating the run with it: the
+// same huge request on the unlimited re-run (what the job needs) must answer.
+TEST(BoundedSim, DoctorPricesExpandableSegmentsForAHugeRun) {
+    const char* msg =
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+        "1.06 GiB is free. Including non-PyTorch memory, this process has 78.08 GiB memory in use. Of the allocated memory 76.50 GiB "
+        "is allocated by PyTorch, and 1.02 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
+        "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.";
+    EstimateRequest run;
+    run.model = "gpt2";
+    run.mode = Mode::Train;
+    run.batch = 100000;
+    run.gpu = "A100-80GB";
+    auto r = diagnose(msg, run);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_FALSE(r.value().remedies.empty());
 }
