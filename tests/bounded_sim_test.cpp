@@ -228,3 +228,25 @@ TEST(BoundedSim, DoctorPricesExpandableSegmentsForAHugeRun) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_FALSE(r.value().remedies.empty());
 }
+
+// "Does it fit?" stops at the first OOM: the same OOM as the whole replay
+// reports (after an OOM every failing allocation empties the cache again, a
+// walk of every cached block: minutes on a long trace that does not fit).
+TEST(BoundedSim, ReplayCanStopAtTheFirstOom) {
+    const Bytes gib(1024 * kMiB);
+    Trace t;
+    for (std::int64_t id = 1; id <= 5; ++id) t.events.push_back({TraceEvent::Kind::Alloc, Phase::Forward, 0, id, gib, -1, 0});
+    ReplayOptions o;
+    o.capacity = Bytes(2 * gib.count() + 512 * kMiB);  // room for two 1 GiB segments
+    const ReplayResult all = replay(t, o);
+    o.stop_at_oom = true;
+    const ReplayResult first = replay(t, o);
+    ASSERT_TRUE(all.oom && first.oom);
+    EXPECT_EQ(all.oom_event, 2);
+    EXPECT_EQ(first.oom_event, 2);
+    EXPECT_EQ(first.oom->requested, gib);
+    EXPECT_EQ(first.oom->allocated, Bytes(2 * gib.count()));
+    EXPECT_EQ(first.oom->reserved, all.oom->reserved);
+    EXPECT_EQ(all.failed_allocs, 3);
+    EXPECT_EQ(first.failed_allocs, 1);
+}

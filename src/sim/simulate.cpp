@@ -116,12 +116,15 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             // Replay against the GPU's capacity: the allocator frees its cache and
             // retries before it fails, so this decides whether the job fits. When
             // it does not, replay again without a limit to report what it needs.
+            // (The first replay stops at the OOM: only where and how it failed is used.)
             ro.capacity = capacity;
+            ro.stop_at_oom = true;
             sim::ReplayResult one = sim::replay(trace.trace, ro);
             std::optional<sim::OomInfo> one_oom = one.oom;
             const std::int64_t one_event = one.oom_event;
             if (one_oom) {
                 ro.capacity = Bytes(INT64_MAX / 4);
+                ro.stop_at_oom = false;
                 one = sim::replay(trace.trace, ro);
             }
             StageMemory& sm = par.stages[static_cast<std::size_t>(stage)];
