@@ -19,6 +19,17 @@ WorkBudget::WorkBudget(std::chrono::milliseconds limit, const std::atomic<bool>*
     detail::current_budget = this;
 }
 
+WorkBudget::WorkBudget(const Share& s)
+    : deadline_(s.deadline), limit_(s.limit), cancel_(s.cancel), previous_(detail::current_budget) {
+    detail::current_budget = this;
+}
+
+std::optional<WorkBudget::Share> WorkBudget::current_share() {
+    const WorkBudget* b = detail::current_budget;
+    if (b == nullptr) return std::nullopt;
+    return Share{b->deadline_, b->limit_, b->cancel_};
+}
+
 WorkBudget::~WorkBudget() { detail::current_budget = previous_; }
 
 }  // namespace gpumem

@@ -8,11 +8,16 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <limits>
+#include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "gpumem/core/budget.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/sim/simulate.hpp"
@@ -91,6 +96,179 @@ EstimateRequest to_request(const EstimateRequest& base, const Family& f, std::in
     return r;
 }
 
+// --- divisors in time that does not grow with n -----------------------------
+// A cluster of 10^12 GPUs or a global batch of 2^62 sequences must not take a
+// trial division up to sqrt(n): n is factored (deterministic Miller-Rabin and
+// Pollard's rho, O(n^1/4)) and its divisors are built from the factors (at
+// most 103,680 for any 64-bit n), keeping those up to `limit`.
+using u64 = std::uint64_t;
+__extension__ typedef unsigned __int128 u128;
+
+u64 mul_mod(u64 a, u64 b, u64 m) { return static_cast<u64>(static_cast<u128>(a) * b % m); }
+
+u64 pow_mod(u64 a, u64 e, u64 m) {
+    u64 r = 1;
+    a %= m;
+    while (e > 0) {
+        if (e & 1) r = mul_mod(r, a, m);
+        a = mul_mod(a, a, m);
+        e >>= 1;
+    }
+    return r;
+}
+
+bool is_prime(u64 n) {
+    if (n < 2) return false;
+    for (u64 p : {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37})
+        if (n % p == 0) return n == p;
+    u64 d = n - 1;
+    int r = 0;
+    while ((d & 1) == 0) {
+        d >>= 1;
+        ++r;
+    }
+    for (u64 a : {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37}) {  // deterministic below 3.3e24
+        u64 x = pow_mod(a, d, n);
+        if (x == 1 || x == n - 1) continue;
+        bool composite = true;
+        for (int i = 1; i < r && composite; ++i) {
+            x = mul_mod(x, x, n);
+            if (x == n - 1) composite = false;
+        }
+        if (composite) return false;
+    }
+    return true;
+}
+
+u64 gcd_u64(u64 a, u64 b) {
+    while (b != 0) {
+        const u64 t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+// A non-trivial factor of the odd composite n (Pollard's rho, Brent's cycle finding).
+u64 rho(u64 n) {
+    for (u64 c = 1;; ++c) {
+        auto f = [&](u64 x) { return (mul_mod(x, x, n) + c) % n; };
+        u64 x = 2, y = 2, d = 1, power = 1, lam = 1;
+        while (d == 1) {
+            if (power == lam) {
+                x = y;
+                power *= 2;
+                lam = 0;
+            }
+            y = f(y);
+            ++lam;
+            d = gcd_u64(x > y ? x - y : y - x, n);
+        }
+        if (d != n) return d;
+    }
+}
+
+void factor(u64 n, std::vector<u64>& out) {
+    if (n == 1) return;
+    for (u64 p : {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37}) {
+        if (n % p == 0) {
+            out.push_back(p);
+            factor(n / p, out);
+            return;
+        }
+    }
+    if (is_prime(n)) {
+        out.push_back(n);
+        return;
+    }
+    const u64 d = rho(n);
+    factor(d, out);
+    factor(n / d, out);
+}
+
+// The divisors of n (n >= 1) up to `limit`, ascending.
+std::vector<std::int64_t> divisors_upto(std::int64_t n, std::int64_t limit) {
+    std::vector<std::int64_t> out;
+    if (n < 1 || limit < 1) return out;
+    std::vector<u64> f;
+    factor(static_cast<u64>(n), f);
+    std::sort(f.begin(), f.end());
+    std::vector<u64> divs{1};
+    for (std::size_t i = 0; i < f.size();) {
+        std::size_t j = i;
+        while (j < f.size() && f[j] == f[i]) ++j;
+        const std::size_t base = divs.size();
+        u64 pk = 1;
+        for (std::size_t e = i; e < j; ++e) {
+            pk *= f[i];
+            if (pk > static_cast<u64>(limit)) break;
+            for (std::size_t k = 0; k < base; ++k)
+                if (divs[k] <= static_cast<u64>(limit) / pk) divs.push_back(divs[k] * pk);
+        }
+        i = j;
+    }
+    for (u64 d : divs) out.push_back(static_cast<std::int64_t>(d));
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+// Runs work(i) for every i in [0, n) on a few threads: never more than asked
+// (0: the cores), than there are items, or than kMaxThreads. A thread the
+// system refuses to start (std::system_error) is not an error: the threads
+// that did start, and the calling thread, share the items. Workers obey the
+// caller's work budget; the first exception a worker throws stops the others
+// from taking more items and is rethrown here once all have joined.
+constexpr unsigned kMaxThreads = 256;
+// The largest micro-batch searched (sequences per GPU per forward).
+constexpr std::int64_t kMaxMicroBatch = 64;
+
+template <class F>
+void parallel_for(std::size_t n, int requested, F&& work) {
+    if (n == 0) return;
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    const std::size_t want = std::min<std::size_t>({requested > 0 ? static_cast<std::size_t>(requested) : hw, n, kMaxThreads});
+    std::atomic<std::size_t> next{0};
+    std::mutex failed_mutex;
+    std::exception_ptr failed;
+    const std::optional<WorkBudget::Share> budget = WorkBudget::current_share();
+    auto body = [&] {
+        std::optional<WorkBudget> mine;
+        if (budget) mine.emplace(*budget);
+        for (std::size_t i = next++; i < n; i = next++) {
+            try {
+                work(i);
+            } catch (...) {
+                const std::lock_guard<std::mutex> lock(failed_mutex);
+                if (!failed) failed = std::current_exception();
+                next = n;  // no more items for anyone
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    pool.reserve(want > 0 ? want - 1 : 0);
+    for (std::size_t t = 1; t < want; ++t) {
+        try {
+            pool.emplace_back(body);
+        } catch (const std::system_error&) {
+            break;  // the system has no more threads for us: run on those we have
+        }
+    }
+    {
+        // The calling thread takes items too (its own budget is already installed).
+        for (std::size_t i = next++; i < n; i = next++) {
+            try {
+                work(i);
+            } catch (...) {
+                const std::lock_guard<std::mutex> lock(failed_mutex);
+                if (!failed) failed = std::current_exception();
+                next = n;
+            }
+        }
+    }
+    for (auto& th : pool) th.join();
+    if (failed) std::rethrow_exception(failed);
+}
+
 std::string layout_name(const Family& f) {
     std::string s = fmt::format("tp{} pp{}", f.tp, f.pp);
     if (f.vpp > 1) s += fmt::format(" (interleaved x{})", f.vpp);
@@ -132,6 +310,9 @@ Result<PlanResult> plan(const PlanRequest& pr) {
                             : pr.base.parallel.nodes > 0       ? std::max<std::int64_t>(1, gpus / pr.base.parallel.nodes)
                                                                : gpu.gpus_per_node;
     per_node = std::min(per_node, gpus);
+    if (pr.global_batch == 0 && gpus > std::numeric_limits<std::int64_t>::max() / 4)
+        return Error{ErrorCode::InvalidArgument, "--gpus " + std::to_string(gpus) + " is too many to derive a global batch (4 per GPU) from; give --global-batch",
+                     "gpus"};
     const std::int64_t gb = pr.global_batch > 0 ? pr.global_batch : gpus * 4;
     const std::int64_t L = d.layers;
 
@@ -162,7 +343,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     if (pr.recompute.empty() && pr.base.framework && framework_profile(*pr.base.framework).recompute == Recompute::Ops) recs.push_back(Recompute::Ops);
 
     std::vector<std::int64_t> tps;
-    for (std::int64_t tp : pr.tp.empty() ? divisors(per_node) : pr.tp) {
+    for (std::int64_t tp : pr.tp.empty() ? divisors_upto(per_node, d.heads) : pr.tp) {
         if (tp < 1 || gpus % tp != 0 || d.heads % tp != 0) continue;
         if (d.kv_heads > 0 && d.kv_heads % tp != 0 && tp % d.kv_heads != 0) continue;
         tps.push_back(tp);
@@ -179,7 +360,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     for (std::int64_t tp : tps)
         for (std::int64_t cp = 1; cp <= 64 && tp * cp <= gpus; cp *= 2) {
             if (!allowed(pr.cp, cp) || gpus % (tp * cp) != 0 || (cp > 1 && seq % (2 * cp) != 0)) continue;
-            for (std::int64_t pp : divisors(gpus / (tp * cp))) {
+            for (std::int64_t pp : divisors_upto(gpus / (tp * cp), L)) {
                 if (!allowed(pr.pp, pp) || pp > L) continue;
                 const std::int64_t dp = gpus / (tp * cp * pp);
                 if (gb % dp != 0) continue;
@@ -246,8 +427,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         out.f = f;
         const std::int64_t per_dp = gb / f.dp;
         std::vector<std::int64_t> mbs;
-        for (std::int64_t mb : divisors(per_dp)) {
-            if (mb > 64) break;
+        for (std::int64_t mb : divisors_upto(per_dp, kMaxMicroBatch)) {
             if (f.vpp > 1 && (per_dp / mb) % f.pp != 0) continue;  // Megatron's interleaving: micro-batches a multiple of pp
             mbs.push_back(mb);
         }
@@ -297,16 +477,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     };
     auto search = [&](const std::vector<Family>& fams) {
         std::vector<Found> found(fams.size());
-        const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-        const unsigned nthreads = std::max(1u, std::min<unsigned>(pr.threads > 0 ? static_cast<unsigned>(pr.threads) : hw,
-                                                                  static_cast<unsigned>(std::max<std::size_t>(1, fams.size()))));
-        std::atomic<std::size_t> next{0};
-        std::vector<std::thread> pool;
-        for (unsigned t = 0; t < nthreads; ++t)
-            pool.emplace_back([&] {
-                for (std::size_t i = next++; i < fams.size(); i = next++) found[i] = run_family(fams[i]);
-            });
-        for (auto& th : pool) th.join();
+        parallel_for(fams.size(), pr.threads, [&](std::size_t i) { found[i] = run_family(fams[i]); });
         return found;
     };
 
@@ -363,16 +534,13 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         for (std::size_t i = 0; i < tries; ++i) cands.push_back(candidate(*ok[i]));
         std::size_t done = 0, fitting_confirmed = 0;
         const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-        const std::size_t batch = pr.threads > 0 ? static_cast<std::size_t>(pr.threads) : hw;
+        const std::size_t batch = std::min<std::size_t>(pr.threads > 0 ? static_cast<std::size_t>(pr.threads) : hw, kMaxThreads);
         while (done < tries && fitting_confirmed < want) {
             const std::size_t n = std::min({tries - done, std::max<std::size_t>(1, batch), want - fitting_confirmed});
-            std::vector<std::thread> pool;
-            for (std::size_t k = 0; k < n; ++k)
-                pool.emplace_back([&, k] {
-                    auto sim = simulate_estimate(g, cands[done + k].request);
-                    if (sim) sims[done + k] = std::move(sim).value();
-                });
-            for (auto& th : pool) th.join();
+            parallel_for(n, pr.threads, [&](std::size_t k) {
+                auto sim = simulate_estimate(g, cands[done + k].request);
+                if (sim) sims[done + k] = std::move(sim).value();
+            });
             for (std::size_t k = 0; k < n; ++k)
                 if (sims[done + k] && static_cast<double>(sims[done + k]->per_gpu.total_device.count()) <= capacity) ++fitting_confirmed;
             done += n;

@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "gpumem/core/budget.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/sim/simulate.hpp"
 
@@ -92,6 +93,7 @@ double PolyFit::operator()(double x) const {
 Result<std::vector<std::int64_t>> parse_int_list(std::string_view text, std::string_view flag) {
     const std::string f = flag_of(flag), field = field_of(flag);
     std::vector<std::int64_t> out;
+    std::set<std::int64_t> seen;
     if (trim(text).empty())
         return Error{ErrorCode::InvalidArgument, f + ": empty list; give comma-separated positive integers, e.g. 1,2,4,8", field};
     std::size_t pos = 0;
@@ -106,7 +108,7 @@ Result<std::vector<std::int64_t>> parse_int_list(std::string_view text, std::str
             return Error{ErrorCode::InvalidArgument, f + ": \"" + std::string(item) + "\" is too large", field};
         if (ec != std::errc() || end != item.data() + item.size() || v <= 0)
             return Error{ErrorCode::InvalidArgument, f + ": \"" + std::string(item) + "\" is not a positive integer", field};
-        if (std::find(out.begin(), out.end(), v) != out.end())
+        if (!seen.insert(v).second)
             return Error{ErrorCode::InvalidArgument, f + ": " + std::to_string(v) + " is listed twice", field};
         out.push_back(v);
         if (comma == std::string_view::npos) break;
@@ -230,16 +232,25 @@ Result<SweepResult> sweep(const SweepRequest& req) {
         // Validate the lists before loading anything (the CLI's parser already
         // rejects these; the library checks again for the other front ends).
         auto check = [](const std::vector<std::int64_t>& v, const char* flag) -> std::optional<Error> {
+            std::set<std::int64_t> seen;
             for (std::size_t i = 0; i < v.size(); ++i) {
                 if (v[i] <= 0)
                     return Error{ErrorCode::InvalidArgument, std::string("--") + flag + ": \"" + std::to_string(v[i]) + "\" is not a positive integer", flag};
-                if (std::find(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v[i]) != v.begin() + static_cast<std::ptrdiff_t>(i))
+                if (!seen.insert(v[i]).second)
                     return Error{ErrorCode::InvalidArgument, std::string("--") + flag + ": " + std::to_string(v[i]) + " is listed twice", flag};
             }
             return std::nullopt;
         };
         if (auto e = check(req.batches, "batch")) return *e;
         if (auto e = check(req.seqs, "seq")) return *e;
+        // Every point is a whole estimate (a step simulation unless --analytic):
+        // the grid is bounded so that a sweep stays a sweep, not a batch job.
+        const std::size_t nb = std::max<std::size_t>(1, req.batches.size()), ns = std::max<std::size_t>(1, req.seqs.size());
+        if (nb > kMaxSweepPoints / ns)
+            return Error{ErrorCode::InvalidArgument,
+                         "--batches x --seqs: " + std::to_string(nb) + " x " + std::to_string(ns) + " points; a sweep runs at most " +
+                             std::to_string(kMaxSweepPoints) + " estimates: give fewer batch sizes or sequence lengths (a fit needs a handful)",
+                         req.batches.size() >= req.seqs.size() ? "batch" : "seq"};
 
         // Load once (as estimate(req) would).
         ModelGraph g;
@@ -264,6 +275,7 @@ Result<SweepResult> sweep(const SweepRequest& req) {
         out.batches = batches;
         for (const auto& s : seqs) {
             for (const auto b : batches) {
+                check_budget();
                 EstimateRequest r = req.base;
                 r.batch = b;
                 r.seq = s;

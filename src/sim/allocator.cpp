@@ -25,6 +25,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -51,7 +52,10 @@ constexpr std::int64_t kMaxExpandableAddressSpace = std::int64_t{1} << 44;
 
 using detail::floor_log2;
 
-std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+// Sizes are at most kMaxSize after rounding (a request near INT64_MAX must not
+// overflow; no capacity comes close, so such a request is an OOM answer).
+constexpr std::int64_t kMaxSize = std::int64_t{1} << 62;
+std::int64_t round_up(std::int64_t v, std::int64_t m) { return v >= kMaxSize ? kMaxSize : (v + m - 1) / m * m; }
 
 }  // namespace
 
@@ -96,9 +100,46 @@ struct AddrCmp {
     }
 };
 
+// The free, mapped blocks of a pool in best-fit order, with a count of their
+// sizes outside CUDA graph private pools so that the largest free block (what
+// an OOM message and every new peak of a replay report) is O(log n), not a walk
+// over the streams of a snapshot with thousands of them.
+class FreeBlocks {
+public:
+    using Set = std::set<Block*, SizeCmp>;
+    using iterator = Set::iterator;
+
+    [[nodiscard]] iterator begin() const { return set_.begin(); }
+    [[nodiscard]] iterator end() const { return set_.end(); }
+    [[nodiscard]] iterator lower_bound(Block* key) const { return set_.lower_bound(key); }
+    [[nodiscard]] iterator find(Block* b) const { return set_.find(b); }
+    [[nodiscard]] std::size_t count(Block* b) const { return set_.count(b); }
+    [[nodiscard]] std::size_t size() const { return set_.size(); }
+    void insert(Block* b) {
+        if (set_.insert(b).second) note(b, +1);
+    }
+    iterator erase(iterator it) {
+        note(*it, -1);
+        return set_.erase(it);
+    }
+    std::size_t erase(Block* b) {
+        auto it = set_.find(b);
+        if (it == set_.end()) return 0;
+        erase(it);
+        return 1;
+    }
+    // Largest free block of the eager streams (a graph pool's blocks serve no eager request).
+    [[nodiscard]] std::int64_t largest_eager() const { return eager_sizes_.empty() ? 0 : eager_sizes_.rbegin()->first; }
+
+private:
+    void note(const Block* b, int delta);
+    Set set_;
+    std::map<std::int64_t, std::int64_t> eager_sizes_;  // size -> free blocks of that size
+};
+
 struct BlockPool {
     explicit BlockPool(bool small) : is_small(small) {}
-    std::set<Block*, SizeCmp> blocks;      // free, mapped blocks
+    FreeBlocks blocks;                     // free, mapped blocks
     std::set<Block*, AddrCmp> unmapped;    // unmapped ranges of expandable segments
     bool is_small;
     std::int64_t get_free_blocks_call_count = 0;
@@ -109,6 +150,13 @@ struct BlockPool {
         blocks.insert(b);
     }
 };
+
+void FreeBlocks::note(const Block* b, int delta) {
+    if (b->stream >= kGraphPoolStream) return;
+    auto& n = eager_sizes_[b->size];
+    n += delta;
+    if (n == 0) eager_sizes_.erase(b->size);
+}
 
 // ExpandableSegment: a virtual range mapped page by page.
 struct ExpSeg {
@@ -146,7 +194,7 @@ struct CachingAllocator::Impl {
 
     Impl(AllocatorConfig c, Bytes cap)
         : cfg(std::move(c)),
-          capacity(cap.count()),
+          capacity(std::min(cap.count(), kMaxSize / 2)),
           max_split(cfg.max_split_size ? cfg.max_split_size->count() : kNoLimit),
           max_non_split(cfg.max_non_split_rounding.count()),
           large_buffer(cfg.large_segment_size.count()),
@@ -218,6 +266,7 @@ struct CachingAllocator::Impl {
     // roundup_power2_next_division; else up to a multiple of 512.
     [[nodiscard]] std::int64_t round_size(std::int64_t size) const {
         if (size < kMinBlockSize) return kMinBlockSize;
+        if (size >= kMaxSize) return kMaxSize;
         const std::int64_t d = divisions_for(size);
         if (d > 1 && size > kMinBlockSize * d) return roundup_power2_next_division(size, d);
         return round_up(size, kMinBlockSize);
@@ -439,10 +488,14 @@ struct CachingAllocator::Impl {
         }
         auto es = std::make_unique<ExpSeg>();
         es->page = pool->is_small ? kSmallBuffer : large_buffer;
-        // ExpandableSegment: address space for 1 1/8 of the device memory.
+        // ExpandableSegment: address space for 1 1/8 of the device memory, so a
+        // request larger than the device fails to map (an OOM). Our address
+        // space is capped (a "no limit" capacity would overflow it): a request
+        // beyond the cap reserves a segment that holds it, as the source's
+        // 1 1/8 of any device that could map it would.
         const std::int64_t want = capacity > kMaxExpandableAddressSpace ? kMaxExpandableAddressSpace
                                                                          : capacity + capacity / 8;
-        es->size = std::max(es->page, round_up(std::max<std::int64_t>(want, 1), es->page));
+        es->size = std::max(es->page, round_up(std::max<std::int64_t>({want, size, 1}), es->page));
         es->base = next_addr;
         es->stream = stream;
         es->small = pool->is_small;
@@ -490,12 +543,18 @@ struct CachingAllocator::Impl {
 
     // try_allocate_expandable_block
     Block* try_allocate_expandable_block(int stream, BlockPool* pool, std::int64_t size) {
+        // More than the device can ever map: cuMemCreate fails (the source's
+        // segment, 1 1/8 of the device, is mapped up to the failure: nothing).
+        if (size > capacity) return nullptr;
         Block* candidate = find_expandable_block(stream, pool, size);
         if (!candidate->mapped && !map_block(candidate, std::min(candidate->size, size))) return nullptr;
         while (candidate->size < size) {
             // candidate is free and mapped, followed by unmapped space
             const std::int64_t remaining = size - candidate->size;
             Block* next = candidate->next;
+            // find_expandable_block returned a run with room for `size`; a run
+            // ending early would be a bug here, answered as "does not map".
+            if (next == nullptr || next->mapped || next->allocated) return nullptr;
             if (!map_block(next, std::min(remaining, next->size))) return nullptr;
             candidate = next;  // map_block merged the old candidate into `next`
         }
@@ -617,22 +676,7 @@ struct CachingAllocator::Impl {
 
     // --- public operations ---------------------------------------------------
     [[nodiscard]] std::int64_t largest_free() const {
-        std::int64_t best = 0;
-        for (const BlockPool* pool : {&large_blocks, &small_blocks}) {
-            // Sets are ordered by stream first: the largest block of each stream
-            // is the last one before the next stream starts.
-            auto it = pool->blocks.end();
-            while (it != pool->blocks.begin()) {
-                --it;
-                if (!is_private((*it)->stream)) best = std::max(best, (*it)->size);  // a graph pool's blocks serve no eager request
-                Block key;
-                key.stream = (*it)->stream;
-                key.size = std::numeric_limits<std::int64_t>::min();
-                key.addr = std::numeric_limits<std::int64_t>::min();
-                it = pool->blocks.lower_bound(&key);
-            }
-        }
-        return best;
+        return std::max(large_blocks.blocks.largest_eager(), small_blocks.blocks.largest_eager());
     }
 
     AllocResult malloc(std::int64_t orig_size, int stream) {
@@ -804,6 +848,11 @@ struct CachingAllocator::Impl {
             stats.peak_requested < stats.requested)
             violation("a peak below its current value");
         if (stats.reserved.count() > capacity) violation("reserved above capacity");
+        std::int64_t largest = 0;
+        for (const BlockPool* pool : {&large_blocks, &small_blocks})
+            for (const Block* b : pool->blocks)
+                if (!is_private(b->stream)) largest = std::max(largest, b->size);
+        if (largest != largest_free()) violation("largest free block differs from the free blocks");
     }
 };
 

@@ -102,16 +102,29 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             so.stage = stage;
             so.cublas_workspaces = pytorch;
             so.cublas_workspace = req.cublas_workspace.value_or(j.gpu.cublas_workspace);
-            sim::StepTrace trace = sim::build_step_trace(g, j, so);
+            sim::StepTrace trace;
+            try {
+                trace = sim::build_step_trace(g, j, so);
+            } catch (const sim::TraceTooLarge& e) {
+                // Too long to simulate within bounded time and memory: the analytic
+                // estimate (what --analytic prints), said so.
+                r.warnings.push_back(std::string("step simulation skipped: ") + e.what() +
+                                     " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
+                r.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
+                return r;
+            }
             // Replay against the GPU's capacity: the allocator frees its cache and
             // retries before it fails, so this decides whether the job fits. When
             // it does not, replay again without a limit to report what it needs.
+            // (The first replay stops at the OOM: only where and how it failed is used.)
             ro.capacity = capacity;
+            ro.stop_at_oom = true;
             sim::ReplayResult one = sim::replay(trace.trace, ro);
             std::optional<sim::OomInfo> one_oom = one.oom;
             const std::int64_t one_event = one.oom_event;
             if (one_oom) {
                 ro.capacity = Bytes(INT64_MAX / 4);
+                ro.stop_at_oom = false;
                 one = sim::replay(trace.trace, ro);
             }
             StageMemory& sm = par.stages[static_cast<std::size_t>(stage)];

@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "gpumem/core/budget.hpp"
+
 namespace gpumem::sim {
 
 // ---------------------------------------------------------------------------
@@ -129,6 +131,7 @@ void from_device_trace(const Snapshot& s, int device, TraceConversion& out) {
         info.seeded_bytes += sd.size;
     }
     for (std::size_t i = 0; i < entries.size(); ++i) {
+        check_budget();
         const auto& e = entries[i];
         if (e.action == TraceAction::Alloc) {
             if (const auto it = live.find(e.addr); it != live.end()) {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpumem/core/budget.hpp"
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/sim/step.hpp"
 
@@ -35,11 +36,12 @@ public:
     int stream = 0;
 
     std::int64_t alloc(Bytes size, std::int32_t label) {
+        check_budget();  // every loop of the step builder allocates: a request can be cancelled
         if (size <= Bytes(0)) return 0;
         const auto id = static_cast<std::int64_t>(sizes_.size());
         sizes_.push_back(size);
         refs_.push_back(1);
-        t_.events.push_back({TraceEvent::Kind::Alloc, phase, stream, id, size, label, step});
+        push({TraceEvent::Kind::Alloc, phase, stream, id, size, label, step});
         live_ += size;
         return id;
     }
@@ -52,18 +54,22 @@ public:
         if (r <= 0) return;
         if (--r == 0) {
             const Bytes s = sizes_[static_cast<std::size_t>(id)];
-            t_.events.push_back({TraceEvent::Kind::Free, phase, 0, id, s, -1, step});
+            push({TraceEvent::Kind::Free, phase, 0, id, s, -1, step});
             live_ -= s;
         }
     }
     void transient(Bytes size, std::int32_t label) { unref(alloc(size, label)); }
-    void mark() { t_.events.push_back({TraceEvent::Kind::PhaseMark, phase, 0, 0, Bytes(0), -1, step}); }
+    void mark() { push({TraceEvent::Kind::PhaseMark, phase, 0, 0, Bytes(0), -1, step}); }
     // torch.cuda.empty_cache(): cached blocks of the general pool go back to the driver.
-    void empty_cache() { t_.events.push_back({TraceEvent::Kind::EmptyCache, phase, 0, 0, Bytes(0), -1, step}); }
+    void empty_cache() { push({TraceEvent::Kind::EmptyCache, phase, 0, 0, Bytes(0), -1, step}); }
     [[nodiscard]] Bytes live() const { return live_; }
     std::int32_t label(std::string s) { return t_.add_label(std::move(s)); }
 
 private:
+    void push(const TraceEvent& e) {
+        if (t_.events.size() >= static_cast<std::size_t>(kMaxTraceEvents)) throw TraceTooLarge(kMaxTraceEvents);
+        t_.events.push_back(e);
+    }
     Trace& t_;
     std::vector<Bytes> sizes_;
     std::vector<std::int32_t> refs_;

@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "gpumem/core/budget.hpp"
+
 namespace gpumem::sim {
 
 const char* phase_name(Phase p) {
@@ -140,7 +142,9 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     std::vector<std::uint8_t> accepted(static_cast<std::size_t>(n), 0);  // Alloc events that allocated
     std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
 
-    for (std::int64_t i = 0; i < n; ++i) {
+    bool stop = false;
+    for (std::int64_t i = 0; i < n && !stop; ++i) {
+        check_budget();
         const TraceEvent& e = ev[static_cast<std::size_t>(i)];
         switch (e.kind) {
             case TraceEvent::Kind::Alloc: {
@@ -156,6 +160,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                         res.oom = model.last_oom();
                         res.oom_event = i;
                     }
+                    if (opt.stop_at_oom) stop = true;
                     break;  // skipped: its Free finds no live id and is ignored
                 }
                 live.emplace(e.id, Live{*h, e.size});

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +40,18 @@ public:
     WorkBudget& operator=(const WorkBudget&) = delete;
 
     [[nodiscard]] std::chrono::milliseconds limit() const { return limit_; }
+
+    // What a worker thread needs to obey the budget of the thread that
+    // started it (a budget is per thread): the same deadline and cancel flag.
+    struct Share {
+        Clock::time_point deadline;
+        std::chrono::milliseconds limit;
+        const std::atomic<bool>* cancel = nullptr;
+    };
+    // The calling thread's budget, if one is installed.
+    static std::optional<Share> current_share();
+    // Installs a shared budget on the calling (worker) thread.
+    explicit WorkBudget(const Share& s);
 
 private:
     friend void detail::check_budget_slow(WorkBudget& b);

@@ -88,6 +88,10 @@ struct SweepResult {
 // Loads the model once and estimates every point. Errors: a non-positive or
 // duplicate value (field "batch" / "seq"), and the first point whose estimate
 // fails (its message prefixed with the point, e.g. "batch 4, seq 8192: ...").
+// The most points (batch sizes x sequence lengths) one sweep runs: each is a
+// whole estimate; a larger grid is an error naming --batches / --seqs.
+inline constexpr std::size_t kMaxSweepPoints = 256;
+
 Result<SweepResult> sweep(const SweepRequest& req);
 
 // "1,2,4,8" -> {1, 2, 4, 8}. Spaces around values are allowed; an empty list,

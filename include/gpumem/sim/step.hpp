@@ -32,6 +32,8 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "gpumem/core/result.hpp"
@@ -71,6 +73,17 @@ struct StepTrace {
     Trace trace;
     std::vector<StepCheckpoints> steps;  // one per training step
     std::vector<std::string> notes;
+};
+
+// The most events one step trace holds (about 55 bytes and a few microseconds
+// of replay each: some 350 MB and seconds). A job whose trace would be longer
+// (a model of 10^5 layers) throws TraceTooLarge while it is built; the
+// estimate then falls back to the analytic model and says so.
+inline constexpr std::int64_t kMaxTraceEvents = 6'000'000;
+class TraceTooLarge : public std::runtime_error {
+public:
+    explicit TraceTooLarge(std::int64_t limit)
+        : std::runtime_error("the step trace would exceed " + std::to_string(limit) + " allocator events") {}
 };
 
 StepTrace build_step_trace(const ModelGraph& g, const Job& job, const StepTraceOptions& opt);

@@ -51,6 +51,11 @@ struct ReplayOptions {
     bool record_timeline = true;
     std::int64_t max_timeline_points = 4000;  // downsampled, peaks kept
     std::int64_t top_tensors = 10;            // largest live tensors at the peak
+    // Stop at the first allocation that fails (the result then holds that OOM
+    // and the replay up to it): for a caller that only asks "does it fit?".
+    // After an OOM every failing allocation walks the whole cache (emptyCache
+    // before the retry), which on a large trace costs minutes.
+    bool stop_at_oom = false;
 };
 
 struct TimelinePoint {
