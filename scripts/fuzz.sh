@@ -9,14 +9,14 @@
 #
 # Usage: bash scripts/fuzz.sh [corpus...]        (default: every corpus)
 # Environment: FUZZ_RUNS (inputs per target, default 2000),
-#              FUZZ_MAX_TIME (seconds per target, default 20),
+#              FUZZ_MAX_TIME (seconds per target, default 10),
 #              FUZZ_TIMEOUT (seconds per input, default 5),
 #              FUZZ_RSS_MB (default 2048), FUZZ_JOBS (build jobs, default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=${FUZZ_RUNS:-2000}
-MAX_TIME=${FUZZ_MAX_TIME:-20}
+MAX_TIME=${FUZZ_MAX_TIME:-10}
 TIMEOUT=${FUZZ_TIMEOUT:-5}
 RSS_MB=${FUZZ_RSS_MB:-2048}
 JOBS=${FUZZ_JOBS:-$(nproc)}
