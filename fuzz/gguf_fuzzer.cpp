@@ -1,7 +1,7 @@
 // libFuzzer entry point for the GGUF header reader (src/model/gguf.cpp). Every
 // input must give a value or an Error, never a crash, a sanitizer report, a
 // leak, a hang or an allocation beyond what the input's bytes can hold.
-// Build and run: see fuzz/README.md (not part of the CMake build).
+// Built by -DGPUMEM_FUZZ=ON (fuzz/CMakeLists.txt); run by scripts/fuzz.sh.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

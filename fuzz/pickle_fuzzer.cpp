@@ -1,7 +1,7 @@
 // libFuzzer entry point for the snapshot reader: pickle parser, snapshot
 // schema, summary, trace conversion and replay. Every input must give a value
 // or an Error, never a crash, a sanitizer report, a leak or a hang.
-// Build and run: see fuzz/README.md (not part of the CMake build).
+// Built by -DGPUMEM_FUZZ=ON (fuzz/CMakeLists.txt); run by scripts/fuzz.sh.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

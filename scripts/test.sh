@@ -13,3 +13,12 @@ else
   (cd build && ctest --output-on-failure -j"$(nproc)" -LE slow)
 fi
 GPUMEM_CLI="$PWD/build/gpumem" bash tests/browser/run.sh
+# Hostile input (issue 15): the saved CLI regressions, a bounded mutation run
+# of the CLI (fixed seed, <= 90 s), then the libFuzzer targets under ASan+UBSan
+# (scripts/fuzz.sh: its own build-fuzz/, <= 10 s per target). Any finding fails.
+# All three run; the script fails if any found something.
+fuzz_rc=0
+python3 fuzz/cli_mutate.py --replay fuzz/regressions/cli || fuzz_rc=1
+python3 fuzz/cli_mutate.py --seed 1 --count 600 --max-time 90 || fuzz_rc=1
+bash scripts/fuzz.sh || fuzz_rc=1
+exit $fuzz_rc
