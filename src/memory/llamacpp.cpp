@@ -798,7 +798,7 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
 
     // The model: a .gguf header, or a preset / config.json with --quant.
     LlamaModel m;
-    const bool file = is_gguf_path(job.model) && std::filesystem::exists(job.model);
+    const bool file = job.files && is_gguf_path(job.model) && std::filesystem::exists(job.model);
     if (file) {
         const GgufFile f = take(read_gguf(job.model));
         m = take(llama_model_from_gguf(f, std::filesystem::path(job.model).filename().string()));
