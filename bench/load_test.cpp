@@ -1,103 +1,309 @@
-// gpumem_load_test: starts the HTTP service in-process on 127.0.0.1 (an
-// ephemeral port) and sends N POST /v1/estimate requests from T client
-// threads over keep-alive connections. Reports latency percentiles and
-// throughput; exits 1 on any error or when it runs past the time limit.
+// gpumem_load_test: the HTTP service under load, in-process on 127.0.0.1 (an
+// ephemeral port; nothing leaves loopback), bounded in time.
 //
-//   gpumem_load_test [--requests N=4000] [--threads T=8] [--server-threads S] [--limit-s 60]
+//   1. throughput: C client threads (8, then 64) post /v1/estimate over
+//      keep-alive connections for --phase-s seconds each: requests/s, p50/p99;
+//   2. burst: --burst connections at once, without keep-alive, from one
+//      poll() loop: normal posts, GET /healthz, garbage bytes, over-long
+//      headers, and slow clients that send half a request and stall;
+//   3. all along, a checker posts one request and compares each 200 answer
+//      with the in-process API's (api_call) for the same body.
+// Passes (exit 0) when every answer is 200, 4xx or 503, connections reset
+// without an answer stay under 1% of the burst, every checked estimate is
+// equal, both throughput phases and the checker got answers, and the run
+// stayed within --limit-s.
+//
+//   gpumem_load_test [--phase-s 3] [--burst 2000] [--limit-s 20] [--concurrency N]
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "gpumem/api/api.hpp"
 #include "gpumem/server/server.hpp"
 
 namespace {
 
-long arg_value(int argc, char** argv, const char* name, long def) {
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double arg_value(int argc, char** argv, const char* name, double def) {
     for (int i = 1; i + 1 < argc; ++i)
-        if (std::strcmp(argv[i], name) == 0) return std::strtol(argv[i + 1], nullptr, 10);
+        if (std::strcmp(argv[i], name) == 0) return std::strtod(argv[i + 1], nullptr);
     return def;
+}
+
+const std::string kBody = R"({"model": "llama-3.2-1b", "batch": 2, "seq": 1024})";
+
+struct Tally {
+    std::mutex m;
+    std::map<int, long> status;  // HTTP status -> count; 0: no answer
+    long bad_status = 0;         // anything but 200, 4xx, 503
+    void add(int s) {
+        std::lock_guard lock(m);
+        ++status[s];
+        if (!(s == 200 || (s >= 400 && s < 500) || s == 503)) ++bad_status;
+    }
+};
+
+// Phase 1: `clients` keep-alive clients posting the estimate for `seconds`.
+struct Throughput {
+    long ok = 0, busy = 0, failed = 0;
+    double seconds = 0, p50 = 0, p99 = 0;
+};
+
+Throughput throughput(int port, int clients, double seconds, Tally& tally) {
+    std::vector<double> lat;
+    std::mutex m;
+    std::atomic<long> ok{0}, busy{0}, failed{0};
+    const auto start = Clock::now();
+    const auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    std::vector<std::thread> ts;
+    for (int i = 0; i < clients; ++i)
+        ts.emplace_back([&] {
+            httplib::Client cli("127.0.0.1", port);
+            cli.set_keep_alive(true);
+            cli.set_tcp_nodelay(true);
+            cli.set_read_timeout(30, 0);
+            std::vector<double> mine;
+            while (Clock::now() < end) {
+                const auto t0 = Clock::now();
+                auto res = cli.Post("/v1/estimate", kBody, "application/json");
+                const auto t1 = Clock::now();
+                if (!res) {
+                    if (failed++ < 5) std::fprintf(stderr, "gpumem_load_test: no answer: %s\n", httplib::to_string(res.error()).c_str());
+                    tally.add(0);
+                    continue;
+                }
+                tally.add(res->status);
+                if (res->status == 200) {
+                    ++ok;
+                    mine.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+                } else if (res->status == 503) {
+                    ++busy;
+                } else {
+                    ++failed;
+                }
+            }
+            std::lock_guard lock(m);
+            lat.insert(lat.end(), mine.begin(), mine.end());
+        });
+    for (auto& t : ts) t.join();
+    Throughput r;
+    r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    r.ok = ok;
+    r.busy = busy;
+    r.failed = failed;
+    std::sort(lat.begin(), lat.end());
+    const auto pct = [&](double p) {
+        if (lat.empty()) return 0.0;
+        return lat[std::min(lat.size() - 1, static_cast<std::size_t>(p / 100.0 * static_cast<double>(lat.size() - 1) + 0.5))];
+    };
+    r.p50 = pct(50);
+    r.p99 = pct(99);
+    return r;
+}
+
+// Phase 2: `n` connections at once from one poll() loop.
+struct Burst {
+    long answered = 0, resets = 0, closed_silently = 0, unfinished = 0, connect_failed = 0;
+};
+
+Burst burst(int port, int n, double seconds, Tally& tally) {
+    enum Kind { Post, Health, Garbage, Huge, Slow };
+    struct Conn {
+        int fd = -1;
+        Kind kind = Post;
+        std::string out;
+        std::size_t sent = 0;
+        std::string in;
+        bool done = false;
+    };
+    const std::string host = "Host: 127.0.0.1:" + std::to_string(port) + "\r\n";
+    std::vector<Conn> cs(static_cast<std::size_t>(n));
+    Burst b;
+    for (int i = 0; i < n; ++i) {
+        Conn& c = cs[static_cast<std::size_t>(i)];
+        const int k = i % 10;
+        c.kind = k < 6 ? Post : k < 8 ? Health : k == 8 ? (i % 20 == 8 ? Garbage : Huge) : Slow;
+        switch (c.kind) {
+            case Post:
+                c.out = "POST /v1/estimate HTTP/1.1\r\n" + host + "Connection: close\r\nContent-Type: application/json\r\nContent-Length: " +
+                        std::to_string(kBody.size()) + "\r\n\r\n" + kBody;
+                break;
+            case Health: c.out = "GET /healthz HTTP/1.1\r\n" + host + "Connection: close\r\n\r\n"; break;
+            case Garbage: c.out = std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not http at all\r\n\r\n", 36); break;
+            case Huge: c.out = "GET /healthz HTTP/1.1\r\n" + host + "X-Big: " + std::string(100000, 'a') + "\r\n\r\n"; break;
+            case Slow: c.out = "POST /v1/estimate HTTP/1.1\r\n" + host; break;  // and nothing more
+        }
+        c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (c.fd < 0) {
+            ++b.connect_failed;
+            c.done = true;
+            continue;
+        }
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        if (::connect(c.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
+            ++b.connect_failed;
+            ::close(c.fd);
+            c.fd = -1;
+            c.done = true;
+        }
+    }
+    const auto finish = [&](Conn& c, int status) {
+        c.done = true;
+        ::close(c.fd);
+        c.fd = -1;
+        if (status > 0) {
+            ++b.answered;
+            tally.add(status);
+        }
+    };
+    const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    std::vector<pollfd> ps;
+    std::vector<std::size_t> idx;
+    while (Clock::now() < end) {
+        ps.clear();
+        idx.clear();
+        for (std::size_t i = 0; i < cs.size(); ++i) {
+            if (cs[i].done) continue;
+            const short ev = cs[i].sent < cs[i].out.size() ? POLLOUT : POLLIN;
+            ps.push_back({cs[i].fd, ev, 0});
+            idx.push_back(i);
+        }
+        if (ps.empty()) break;
+        if (::poll(ps.data(), ps.size(), 50) <= 0) continue;
+        for (std::size_t j = 0; j < ps.size(); ++j) {
+            Conn& c = cs[idx[j]];
+            if (ps[j].revents == 0) continue;
+            if (c.sent < c.out.size()) {
+                const ssize_t w = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+                if (w > 0) c.sent += static_cast<std::size_t>(w);
+                else if (errno != EAGAIN) {
+                    // The server may answer and close before reading everything (over-long headers).
+                    c.sent = c.out.size();
+                }
+                continue;
+            }
+            char buf[16384];
+            const ssize_t r = ::recv(c.fd, buf, sizeof buf, 0);
+            if (r > 0) {
+                c.in.append(buf, static_cast<std::size_t>(r));
+                continue;
+            }
+            if (r < 0 && errno == EAGAIN) continue;
+            const int status = c.in.rfind("HTTP/1.1 ", 0) == 0 && c.in.size() >= 12 ? std::atoi(c.in.substr(9, 3).c_str()) : 0;
+            if (status == 0) {
+                if (r < 0 && errno == ECONNRESET) ++b.resets;
+                else ++b.closed_silently;
+            }
+            finish(c, status);
+        }
+    }
+    for (auto& c : cs)
+        if (!c.done) {
+            ++b.unfinished;
+            finish(c, 0);
+        }
+    return b;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    using clock = std::chrono::steady_clock;
-    const long n = std::max(1L, arg_value(argc, argv, "--requests", 4000));
-    const long t = std::clamp(arg_value(argc, argv, "--threads", 8), 1L, 256L);
-    const long server_threads = arg_value(argc, argv, "--server-threads", 0);
-    const long limit_s = std::clamp(arg_value(argc, argv, "--limit-s", 60), 1L, 3600L);
+    const double phase_s = std::clamp(arg_value(argc, argv, "--phase-s", 3), 0.5, 60.0);
+    const int burst_n = static_cast<int>(std::clamp(arg_value(argc, argv, "--burst", 2000), 10.0, 20000.0));
+    const double limit_s = std::clamp(arg_value(argc, argv, "--limit-s", 20), 5.0, 600.0);
+    const int concurrency = static_cast<int>(arg_value(argc, argv, "--concurrency", 0));
+
+    // Thousands of sockets on both ends of loopback.
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        ::setrlimit(RLIMIT_NOFILE, &rl);
+    }
 
     gpumem::server::ServerOptions opt;
-    opt.threads = static_cast<int>(std::max<long>(server_threads, 0));
-    if (opt.threads == 0) opt.threads = std::max(8, static_cast<int>(t) + 2);  // a pool thread per keep-alive client
+    opt.concurrency = concurrency;
+    opt.read_timeout = std::chrono::milliseconds(2000);  // the slow clients are answered 408 within the run
+    opt.queue_timeout = std::chrono::milliseconds(5000);
     gpumem::server::Server server(opt);
     if (!server.start("127.0.0.1", 0)) {
         std::fprintf(stderr, "gpumem_load_test: %s\n", server.error().c_str());
         return 1;
     }
     const int port = server.port();
-    const std::string body = R"({"model": "llama-3.2-1b", "batch": 2, "seq": 1024})";
+    const auto start = Clock::now();
 
-    std::atomic<long> next{0}, errors{0};
-    std::atomic<bool> timed_out{false};
-    std::mutex mu;
-    std::vector<double> latencies_ms;
-    latencies_ms.reserve(static_cast<std::size_t>(n));
-    const auto start = clock::now();
-    const auto deadline = start + std::chrono::seconds(limit_s);
+    // The checker: one request whose answer must equal the in-process API's.
+    const json check_req = {{"model", "gpt2"}, {"batch", 3}, {"seq", 256}, {"gpu", "A100-40GB"}};
+    const json expected = gpumem::api_call("estimate", check_req).value();
+    std::atomic<bool> stop{false};
+    std::atomic<long> checked{0}, mismatched{0}, check_busy{0}, check_failed{0};
+    std::thread checker([&] {
+        httplib::Client cli("127.0.0.1", port);
+        cli.set_read_timeout(30, 0);
+        while (!stop) {
+            auto r = cli.Post("/v1/estimate", check_req.dump(), "application/json");
+            if (!r) ++check_failed;
+            else if (r->status == 503) ++check_busy;
+            else if (r->status != 200) ++check_failed;
+            else if (json::parse(r->body, nullptr, false) == expected) ++checked;
+            else ++mismatched;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    });
 
-    std::vector<std::thread> clients;
-    for (long i = 0; i < t; ++i) {
-        clients.emplace_back([&] {
-            httplib::Client cli("127.0.0.1", port);
-            cli.set_keep_alive(true);
-            cli.set_read_timeout(30, 0);
-            std::vector<double> mine;
-            while (next.fetch_add(1) < n) {
-                if (clock::now() > deadline) {
-                    timed_out = true;
-                    break;
-                }
-                const auto t0 = clock::now();
-                auto res = cli.Post("/v1/estimate", body, "application/json");
-                const auto t1 = clock::now();
-                if (!res || res->status != 200) {
-                    if (errors.fetch_add(1) < 5)
-                        std::fprintf(stderr, "gpumem_load_test: request failed: %s\n",
-                                     res ? (std::to_string(res->status) + " " + res->body.substr(0, 200)).c_str()
-                                         : httplib::to_string(res.error()).c_str());
-                    continue;
-                }
-                mine.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-            }
-            std::lock_guard<std::mutex> lock(mu);
-            latencies_ms.insert(latencies_ms.end(), mine.begin(), mine.end());
-        });
+    Tally tally;
+    bool ok = true;
+    for (const int clients : {8, 64}) {
+        const Throughput t = throughput(port, clients, phase_s, tally);
+        std::printf("keep-alive, %2d clients: %6.0f requests/s, p50 %7.2f ms, p99 %7.2f ms (%ld ok, %ld busy 503, %ld failed, %.1f s)\n", clients,
+                    static_cast<double>(t.ok) / t.seconds, t.p50, t.p99, t.ok, t.busy, t.failed, t.seconds);
+        if (t.ok == 0 || t.failed > 0) ok = false;
     }
-    for (auto& c : clients) c.join();
-    const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
+    const Burst b = burst(port, burst_n, std::min(8.0, limit_s / 2), tally);
+    std::printf("burst of %d connections (no keep-alive; posts, /healthz, garbage, 100 KB headers, slow): %ld answered, %ld reset, %ld closed "
+                "without an answer, %ld unfinished, %ld could not connect\n",
+                burst_n, b.answered, b.resets, b.closed_silently, b.unfinished, b.connect_failed);
+    stop = true;
+    checker.join();
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     server.stop();
 
-    std::sort(latencies_ms.begin(), latencies_ms.end());
-    const auto pct = [&](double p) {
-        if (latencies_ms.empty()) return 0.0;
-        const auto i = static_cast<std::size_t>(p / 100.0 * static_cast<double>(latencies_ms.size() - 1) + 0.5);
-        return latencies_ms[std::min(i, latencies_ms.size() - 1)];
-    };
-    std::printf("gpumem_load_test: %zu ok, %ld errors, %ld client threads, %d server threads, %.2f s\n", latencies_ms.size(), errors.load(), t,
-                opt.threads, elapsed);
-    std::printf("latency ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", pct(50), pct(90), pct(99),
-                latencies_ms.empty() ? 0.0 : latencies_ms.back());
-    std::printf("throughput: %.0f requests/s\n", static_cast<double>(latencies_ms.size()) / elapsed);
-    if (timed_out) std::fprintf(stderr, "gpumem_load_test: stopped at the %ld s limit\n", limit_s);
-    return errors.load() == 0 && !timed_out && static_cast<long>(latencies_ms.size()) == n ? 0 : 1;
+    std::printf("statuses:");
+    for (const auto& [s, n] : tally.status) std::printf(" %d x%ld", s, n);
+    std::printf("\nchecker: %ld equal to the in-process answer, %ld different, %ld busy, %ld failed\n", checked.load(), mismatched.load(),
+                check_busy.load(), check_failed.load());
+    std::printf("total %.1f s (limit %.0f s)\n", elapsed, limit_s);
+
+    const long lost = b.resets + b.unfinished + b.connect_failed;
+    if (tally.bad_status > 0) ok = false, std::fprintf(stderr, "gpumem_load_test: answers other than 200, 4xx, 503\n");
+    if (lost * 100 > burst_n) ok = false, std::fprintf(stderr, "gpumem_load_test: more than 1%% of the burst reset or unanswered\n");
+    if (mismatched > 0 || checked == 0 || check_failed > 0) ok = false, std::fprintf(stderr, "gpumem_load_test: checked estimates wrong or missing\n");
+    if (elapsed > limit_s) ok = false, std::fprintf(stderr, "gpumem_load_test: over the %.0f s limit\n", limit_s);
+    return ok ? 0 : 1;
 }

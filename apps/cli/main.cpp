@@ -215,13 +215,19 @@ int main(int argc, char** argv) {
 
 #ifdef GPUMEM_HAVE_SERVER
     server::ServerOptions serve_opt;
-    std::string serve_max_body = "8MiB", serve_budget = "10s";
-    auto* serve = app.add_subcommand("serve", "serve the JSON API and the web page over HTTP (POST /v1/estimate, ...; loopback only unless --host)");
-    serve->add_option("--host", serve_opt.host, "address to listen on")->capture_default_str();
+    std::string serve_max_body = "8MiB", serve_limit = "10s", serve_read = "10s", serve_write = "10s", serve_keep_alive = "5s", serve_queue = "2s";
+    auto* serve = app.add_subcommand("serve", "serve the JSON API and the web page over HTTP (POST /v1/estimate, ...; loopback only unless --host; docs/security.md)");
+    serve->add_option("--host", serve_opt.host, "address to listen on (not loopback: anyone who reaches it may use it)")->capture_default_str();
     serve->add_option("--port", serve_opt.port, "TCP port (0: any free port)")->capture_default_str();
-    serve->add_option("--threads", serve_opt.threads, "request threads (default 2 x cores, at least 8)");
-    serve->add_option("--max-body", serve_max_body, "largest request body, e.g. 8MiB")->capture_default_str();
-    serve->add_option("--time-budget", serve_budget, "time limit per request, e.g. 10s (over it: 503)")->capture_default_str();
+    serve->add_option("--allow-host", serve_opt.allow_hosts, "a Host name the service answers to besides localhost, 127.0.0.1, [::1] and --host (repeatable)");
+    serve->add_option("--threads", serve_opt.threads, "connection threads (default 64)");
+    serve->add_option("--concurrency", serve_opt.concurrency, "requests computing at once (default: the cores, 2 to 8)");
+    serve->add_option("--max-body", serve_max_body, "largest request body, chunked too, e.g. 8MiB (over it: 413)")->capture_default_str();
+    serve->add_option("--time-limit,--time-budget", serve_limit, "work per request, e.g. 10s (over it: cancelled, 503)")->capture_default_str();
+    serve->add_option("--queue-timeout", serve_queue, "wait for a free computation slot (over it: 503 busy)")->capture_default_str();
+    serve->add_option("--read-timeout", serve_read, "the whole request must arrive within it (over it: 408)")->capture_default_str();
+    serve->add_option("--write-timeout", serve_write, "the whole answer must leave within it")->capture_default_str();
+    serve->add_option("--keep-alive-timeout", serve_keep_alive, "an idle keep-alive connection closes after it")->capture_default_str();
 #endif
 
     std::vector<std::string> args = normalize_args(argc, argv);
@@ -262,7 +268,14 @@ int main(int argc, char** argv) {
         if (*serve) {
             const std::int64_t max_body = take(parse_size(serve_max_body, "max-body")).count();
             serve_opt.max_body = static_cast<std::size_t>(max_body);
-            serve_opt.time_budget = take(server::parse_duration(serve_budget, "time-budget"));
+            serve_opt.time_limit = take(server::parse_duration(serve_limit, "time-limit"));
+            serve_opt.queue_timeout = take(server::parse_duration(serve_queue, "queue-timeout"));
+            serve_opt.read_timeout = take(server::parse_duration(serve_read, "read-timeout"));
+            serve_opt.write_timeout = take(server::parse_duration(serve_write, "write-timeout"));
+            serve_opt.keep_alive_timeout = take(server::parse_duration(serve_keep_alive, "keep-alive-timeout"));
+            if (max_body < 1 || max_body > std::int64_t{1} << 30) fail(ErrorCode::InvalidArgument, "max-body", "--max-body must be 1 byte to 1GiB");
+            if (serve_opt.threads < 0 || serve_opt.threads > 4096) fail(ErrorCode::InvalidArgument, "threads", "--threads must be 0 (default) to 4096");
+            if (serve_opt.concurrency < 0 || serve_opt.concurrency > 1024) fail(ErrorCode::InvalidArgument, "concurrency", "--concurrency must be 0 (default) to 1024");
             if (serve_opt.port < 0 || serve_opt.port > 65535) fail(ErrorCode::InvalidArgument, "port", "--port must be 0..65535");
             return server::run_server(serve_opt);
         }

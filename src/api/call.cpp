@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
+
+#include "gpumem/core/input.hpp"
 
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/job.hpp"
@@ -138,7 +142,9 @@ const std::vector<std::pair<Command, Runner>>& commands() {
              return with(Command::Snapshot, r, take(sim::analyze_snapshot(r.other.file, so)));
          }},
         {Command::CompatDeepSpeed,
-         [](const Request& r, const CallOptions&) {
+         [](const Request& r, const CallOptions& o) {
+             if (!o.allow_paths && !r.job.model.empty() && preset_config_text(r.job.model) == nullptr)
+                 fail(ErrorCode::NotFound, "model", "unknown model \"" + r.job.model + "\": the service takes built-in presets only and reads no files");
              DeepSpeedOptions ds;
              ds.stage = static_cast<int>(r.other.stage);
              ds.model = r.job.model;
@@ -288,7 +294,8 @@ Error with_overflow_fields(Error e, Command c, const Request& r) {
 
 Result<Answer> run(Command c, const Request& r_in, const CallOptions& o) {
     auto a = guarded([&]() -> Answer {
-        const Request r = with_calibration(r_in, o);
+        Request r = with_calibration(r_in, o);
+        if (!o.allow_paths) r.job.files = false;  // MODEL: built-in presets only, no file or folder is looked at
         for (const auto& [cmd, runner] : commands())
             if (cmd == c) return runner(r, o);
         fail(ErrorCode::NotFound, "command", std::string("unknown command \"") + to_string(c) + "\"");
@@ -298,6 +305,14 @@ Result<Answer> run(Command c, const Request& r_in, const CallOptions& o) {
 }
 
 Result<Answer> run(Command c, const json& body, const CallOptions& o) {
+    // Before any copy or recursive walk of the value (nlohmann's copy, dump
+    // and comparison recurse: a value nested 100,000 deep overflows the stack).
+    if (auto d = guarded([&] {
+            check_json_depth(body, "request");
+            return true;
+        });
+        !d)
+        return d.error();
     auto r = parse_request(c, body);
     if (!r) return r.error();
     return run(c, r.value(), o);
@@ -341,6 +356,7 @@ std::string render(const Answer& a, Format f) {
 
 Result<json> api_call(std::string_view command, const json& body, bool allow_paths) {
     return guarded([&]() -> json {
+        check_json_depth(body, "request");
         const Command c = take(parse_command(command));
         CallOptions o;
         o.allow_paths = allow_paths;
@@ -350,11 +366,28 @@ Result<json> api_call(std::string_view command, const json& body, bool allow_pat
 
 Result<json> api_snapshot_bytes(std::string_view data, const json& options) {
     return guarded([&]() -> json {
+        check_json_depth(options, "request");
         if (!options.is_object()) fail(ErrorCode::InvalidArgument, "", "snapshot options must be a JSON object");
         Request r = take(parse_request(Command::Snapshot, options));
         r.other.data = std::string(data);
         return answer_json(take(run(Command::Snapshot, r)));
     });
+}
+
+void check_json_depth(const json& value, std::string_view origin, int max_depth) {
+    // Iterative: an explicit stack of (value, depth), no recursion.
+    std::vector<std::pair<const json*, int>> stack{{&value, 1}};
+    while (!stack.empty()) {
+        const auto [v, depth] = stack.back();
+        stack.pop_back();
+        if (!v->is_structured()) continue;
+        if (depth > max_depth)
+            fail(ErrorCode::ParseError, std::string(origin),
+                 std::string(origin) + ": JSON nested deeper than " + std::to_string(max_depth) +
+                     " levels; no gpumem input nests that deep, check the request");
+        for (const auto& child : *v)
+            if (child.is_structured()) stack.emplace_back(&child, depth + 1);
+    }
 }
 
 const std::vector<std::string>& api_commands() {

@@ -798,8 +798,9 @@ ServingResult llamacpp_memory(const EstimateRequest& job_in, const ServingOption
     // The model: a .gguf header, or a preset / config.json with --quant.
     LlamaModel m;
     // A path that exists, or that cannot be inspected (a link loop): read_gguf names the problem.
+    // Never for a service request (job.files false): built-in names only.
     std::error_code exists_ec;
-    const bool file = is_gguf_path(job.model) && (std::filesystem::exists(job.model, exists_ec) || exists_ec);
+    const bool file = job.files && is_gguf_path(job.model) && (std::filesystem::exists(job.model, exists_ec) || exists_ec);
     if (file) {
         const GgufFile f = take(read_gguf(job.model));
         m = take(llama_model_from_gguf(f, std::filesystem::path(job.model).filename().string()));

@@ -574,12 +574,25 @@ Result<ModelGraph> load_hf_cached(const std::string& model_id) {
 // ---------------------------------------------------------------------------
 // Dispatch
 // ---------------------------------------------------------------------------
-Result<ModelGraph> load_model(const std::string& spec, const OnnxOptions& onnx) {
+Result<ModelGraph> load_model(const std::string& spec, const ModelLoadOptions& opts) {
     if (spec.empty())
         return Error{ErrorCode::InvalidArgument,
                      "no model given: name a built-in preset (run 'gpumem models'), a config.json, a model folder "
                      "or a layer-list JSON",
                      "model"};
+    if (!opts.files) {  // presets only: nothing on disk is looked at
+        if (resolve_preset(spec)) return load_preset(spec);
+        std::string msg = "unknown model \"" + spec +
+                          "\": the service takes built-in presets only and reads no files (GET /v1/models lists them; "
+                          "send a Hugging Face config.json inline as \"config\")";
+        if (auto s = suggest_presets(spec); !s.empty()) {
+            msg += "; did you mean: ";
+            for (std::size_t i = 0; i < s.size(); ++i) msg += (i ? ", " : "") + s[i];
+            msg += "?";
+        }
+        return Error{ErrorCode::NotFound, msg, "model"};
+    }
+    const OnnxOptions& onnx = opts.onnx;
     std::error_code ec;
     if (fs::is_directory(spec, ec)) return load_model_dir(spec);
     const bool exists = fs::exists(spec, ec);

@@ -1,8 +1,28 @@
+// The HTTP service (gpumem/server/server.hpp) on cpp-httplib (0.11: Debian's
+// libcpp-httplib). httplib's own limits are not enough for untrusted clients:
+// its read timeout is per read() call (a client sending one byte every few
+// seconds holds a thread for ever), a header line is buffered whole before its
+// length is checked, a chunked or length-less body has no size limit at all,
+// an over-long Content-Length body is read and skipped, Content-Encoding
+// bodies are decompressed without limit, and every open connection holds a
+// pool thread. So the server overrides httplib's per-connection loop
+// (Server::process_and_close_socket, a virtual) with its own: a Stream that
+// bounds each request in time and bytes, TCP_NODELAY on every accepted
+// socket, keep-alive connections that yield their thread when others wait, and
+// a pool that answers 503 to connections that waited too long for a thread.
+// Header checks (Host, Origin, Content-Type, lengths) run before any body
+// byte is read (httplib's pre-routing handler).
 #include "gpumem/server/server.hpp"
 
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,9 +30,11 @@
 #include <charconv>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
-#include <future>
+#include <new>
 #include <optional>
 #include <set>
 #include <thread>
@@ -20,10 +42,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/api/api.hpp"
+#include "gpumem/core/budget.hpp"
+#include "gpumem/core/input.hpp"
+#include "gpumem/core/version.hpp"
 #include "gpumem/memory/request.hpp"
 #include "gpumem/model/load.hpp"
-#include "gpumem/api/api.hpp"
-#include "gpumem/core/version.hpp"
 #include "gpumem/report/render.hpp"
 #include "gpumem/report/timeline_render.hpp"
 #include "gpumem_web.hpp"  // the page (web/), embedded at build time: cmake/EmbedWeb.cmake
@@ -35,8 +59,14 @@ namespace {
 using json = nlohmann::json;
 using httplib::Request;
 using httplib::Response;
+using Clock = std::chrono::steady_clock;
 
 const char* const kJson = "application/json";
+
+// Most JSON values (scalars, arrays, objects) one request body may hold: a
+// parsed value costs ~50-100 bytes, so this bounds a body's parsed size
+// (~50 MiB) whatever --max-body is. Real requests hold < 1,000.
+constexpr std::size_t kMaxJsonValues = std::size_t{1} << 19;
 
 // The commands served as POST /v1/<command> with a JSON body.
 const std::vector<std::string>& json_commands() {
@@ -53,91 +83,454 @@ void send(Response& res, int status, const json& j) {
     res.set_content(j.dump(), kJson);
 }
 
-// A request names a model: the service accepts built-in presets only, so a
-// path ("/etc/passwd", "config.json") never reaches the file-reading loader.
-std::optional<Error> check_model(const json& body) {
-    if (!body.is_object()) return std::nullopt;
-    const auto it = body.find("model");
-    if (it == body.end() || !it->is_string()) return std::nullopt;
-    const std::string m = it->get<std::string>();
-    if (m.empty() || preset_config_text(m) != nullptr) return std::nullopt;
-    std::string msg = "unknown model \"" + m + "\": the service takes built-in presets only (GET /v1/models) and reads no files";
-    if (auto r = load_preset(m); !r) {
-        const auto& em = r.error().message;
-        if (const auto pos = em.find("did you mean"); pos != std::string::npos) msg += "; " + em.substr(pos);
-    }
-    return Error{ErrorCode::NotFound, msg, "model"};
+std::string lower(std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
 }
 
-// Runs work on its own thread and waits at most the time budget; work over
-// budget finishes in the background (its answer is dropped). At most
-// max_overdue such jobs at once: beyond that the service answers 503 busy.
-// drain() waits for every background job, so none outlives the server (a job
-// still running while the process tears down its statics would crash it).
-class Budget {
-public:
-    Budget(std::chrono::milliseconds limit, int max_overdue) : limit_(limit), max_overdue_(max_overdue) {}
-    Budget(const Budget&) = delete;
-    Budget& operator=(const Budget&) = delete;
-    ~Budget() { drain(); }
+std::string host_for_url(const std::string& host) {
+    return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+}
 
-    void drain() {
-        std::unique_lock lock(live_->m);
-        live_->cv.wait(lock, [&] { return live_->running == 0; });
+// Refuses JSON text nested deeper than kMaxJsonDepth or holding more than
+// kMaxJsonValues values, before it is parsed. Linear, no recursion.
+void check_json_text(std::string_view text) {
+    check_json_depth(text, "request body");
+    std::size_t values = 1;
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') ++i;
+            else if (c == '"') in_string = false;
+            continue;
+        }
+        if (c == '"') in_string = true;
+        else if (c == ',' || c == '[' || c == '{') {
+            if (++values > kMaxJsonValues)
+                fail(ErrorCode::InvalidArgument, "", "request body: more than " + std::to_string(kMaxJsonValues) +
+                                                         " JSON values; no gpumem request holds that many, check the request");
+        }
     }
+}
 
-    // raw_type: the answer is a JSON string sent as that content type (an SVG).
-    void respond(Response& res, std::function<Result<json>()> work, const char* raw_type = nullptr) {
-        if (overdue_->load() >= max_overdue_) {
-            send(res, 503, error_body("busy", "the service is still working on earlier requests that ran over the time budget; retry later"));
-            return;
+// ---------------------------------------------------------------------------
+// One connection's state, shared by its Stream (which detects the limits) and
+// the handlers on the same thread (which answer them).
+// ---------------------------------------------------------------------------
+struct ConnState {
+    bool close = false;              // close after this answer (a refused or unread body)
+    bool header_too_large = false;   // 431
+    bool body_too_large = false;     // 413 (a chunked or length-less body over --max-body)
+    bool bodies_over_total = false;  // 503 (all connections' bodies over max_body_total)
+    bool timed_out = false;          // 408
+    bool yielded = false;            // closed after a complete exchange to free the thread
+};
+thread_local ConnState* t_conn = nullptr;
+thread_local bool t_shed = false;  // the pool: this connection waited too long for a thread
+
+void mark_close() {
+    if (t_conn) t_conn->close = true;
+}
+
+// Bytes of request bodies held by all connections (max_body_total).
+struct BodyLedger {
+    std::atomic<std::size_t> held{0};
+    std::size_t limit = 0;
+};
+
+struct StreamLimits {
+    std::size_t max_header = 0;
+    std::size_t max_body_wire = 0;  // --max-body plus chunk framing allowance
+    std::chrono::milliseconds read_timeout{0}, write_timeout{0};
+    const std::atomic<bool>* stopping = nullptr;
+    BodyLedger* ledger = nullptr;
+};
+
+// The connection's socket and its read buffer (kept across keep-alive requests).
+struct Connection {
+    int sock = -1;
+    char buf[16384];
+    std::size_t pos = 0, len = 0;
+    [[nodiscard]] bool buffered() const { return pos < len; }
+};
+
+// Waits for `events` on the socket until `deadline`, in slices so that a
+// stopping server is noticed. >0 ready, 0 timed out or stopping, <0 error.
+int wait_socket(int sock, short events, Clock::time_point deadline, const std::atomic<bool>* stopping) {
+    while (true) {
+        if (stopping && stopping->load()) return 0;
+        const auto now = Clock::now();
+        if (now >= deadline) return 0;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+        pollfd p{sock, events, 0};
+        const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left + 1, 100)));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r > 0) return (p.revents & (POLLERR | POLLNVAL)) && !(p.revents & events) ? -1 : 1;
+    }
+}
+
+// httplib::Stream over one request of a connection: the request line and
+// headers may hold max_header bytes, the body max_body_wire bytes, and all of
+// it must arrive before read_timeout has passed since the request began; the
+// answer must leave within write_timeout. Over a limit read()/write() fail,
+// ConnState says which, and httplib answers 400 (our error handler turns it
+// into 431, 413, 408 or 503).
+class GuardedStream final : public httplib::Stream {
+public:
+    GuardedStream(Connection& c, const StreamLimits& lim, ConnState& st)
+        : c_(c), lim_(lim), st_(st), read_deadline_(Clock::now() + lim.read_timeout) {}
+    ~GuardedStream() override {
+        if (lim_.ledger && ledger_bytes_ > 0) lim_.ledger->held.fetch_sub(ledger_bytes_);
+    }
+    GuardedStream(const GuardedStream&) = delete;
+    GuardedStream& operator=(const GuardedStream&) = delete;
+
+    bool is_readable() const override { return c_.buffered() || wait_socket(c_.sock, POLLIN, read_deadline_, lim_.stopping) > 0; }
+    bool is_writable() const override { return wait_socket(c_.sock, POLLOUT, write_deadline(), lim_.stopping) > 0; }
+
+    ssize_t read(char* ptr, std::size_t size) override {
+        if (size == 0) return 0;
+        if (!c_.buffered()) {
+            const ssize_t got = fill();
+            if (got <= 0) return got;
         }
-        auto state = std::make_shared<std::atomic<int>>(0);  // 0 running, 1 done, 2 abandoned
-        auto promise = std::make_shared<std::promise<Result<json>>>();
-        auto future = promise->get_future();
-        {
-            std::lock_guard lock(live_->m);
-            ++live_->running;
-        }
-        std::thread([state, promise, overdue = overdue_, live = live_, work = std::move(work)] {
-            try {
-                promise->set_value(work());
-            } catch (...) {
-                try {
-                    promise->set_exception(std::current_exception());
-                } catch (...) {
+        std::size_t n = std::min(size, c_.len - c_.pos);
+        if (!in_body_) {
+            // Up to the end of the headers (a blank line), counted as header bytes.
+            std::size_t i = 0;
+            for (; i < n && !in_body_; ++i) {
+                const char ch = c_.buf[c_.pos + i];
+                if (ch == '\n') {
+                    if (line_len_ == 0 || (line_len_ == 1 && last_ == '\r')) in_body_ = true;
+                    line_len_ = 0;
+                } else {
+                    ++line_len_;
+                }
+                last_ = ch;
+            }
+            n = i;
+            header_bytes_ += n;
+            if (header_bytes_ > lim_.max_header) {
+                st_.header_too_large = true;
+                st_.close = true;
+                return -1;
+            }
+        } else {
+            body_bytes_ += n;
+            if (body_bytes_ > lim_.max_body_wire) {
+                st_.body_too_large = true;
+                st_.close = true;
+                return -1;
+            }
+            if (lim_.ledger) {
+                const std::size_t before = lim_.ledger->held.fetch_add(n);
+                ledger_bytes_ += n;
+                if (before + n > lim_.ledger->limit) {
+                    st_.bodies_over_total = true;
+                    st_.close = true;
+                    return -1;
                 }
             }
-            if (state->exchange(1) == 2) overdue->fetch_sub(1);
-            std::lock_guard lock(live->m);
-            if (--live->running == 0) live->cv.notify_all();
-        }).detach();
-        if (future.wait_for(limit_) == std::future_status::timeout) {
-            overdue_->fetch_add(1);
-            int expected = 0;
-            if (state->compare_exchange_strong(expected, 2)) {
-                send(res, 503, error_body("timeout", "the request ran over the service's time budget of " + std::to_string(limit_.count()) +
-                                                         " ms (gpumem serve --time-budget); narrow it (plan: only-*, top; sweep: fewer points) or run the CLI"));
-                return;
-            }
-            overdue_->fetch_sub(1);  // finished just now
         }
-        const Result<json> r = future.get();  // rethrows the work's exception
-        if (r && raw_type && r.value().is_string()) res.set_content(r.value().get<std::string>(), raw_type);
-        else if (r) send(res, 200, r.value());
-        else send(res, http_status(r.error().code), error_to_json(r.error()));
+        std::memcpy(ptr, c_.buf + c_.pos, n);
+        c_.pos += n;
+        return static_cast<ssize_t>(n);
+    }
+
+    ssize_t write(const char* ptr, std::size_t size) override {
+        if (!write_started_) {
+            write_started_ = true;
+            write_deadline_ = Clock::now() + lim_.write_timeout;
+        }
+        while (true) {
+            const ssize_t n = ::send(c_.sock, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n >= 0) return n;
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+            if (wait_socket(c_.sock, POLLOUT, write_deadline_, lim_.stopping) <= 0) {
+                st_.close = true;
+                return -1;
+            }
+        }
+    }
+
+    void get_remote_ip_and_port(std::string& ip, int& port) const override { address(false, ip, port); }
+    void get_local_ip_and_port(std::string& ip, int& port) const override { address(true, ip, port); }
+    socket_t socket() const override { return c_.sock; }
+
+private:
+    Clock::time_point write_deadline() const { return write_started_ ? write_deadline_ : Clock::now() + lim_.write_timeout; }
+
+    // Reads more into the connection's buffer: >0 bytes, 0 end of stream, <0 error or time out.
+    ssize_t fill() {
+        const int w = wait_socket(c_.sock, POLLIN, read_deadline_, lim_.stopping);
+        if (w == 0) {
+            st_.timed_out = true;
+            st_.close = true;
+            return -1;
+        }
+        if (w < 0) return -1;
+        while (true) {
+            const ssize_t n = ::recv(c_.sock, c_.buf, sizeof c_.buf, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return n;
+            c_.pos = 0;
+            c_.len = static_cast<std::size_t>(n);
+            return n;
+        }
+    }
+
+    void address(bool local, std::string& ip, int& port) const {
+        sockaddr_storage a{};
+        socklen_t len = sizeof a;
+        ip.clear();
+        port = -1;
+        if ((local ? ::getsockname(c_.sock, reinterpret_cast<sockaddr*>(&a), &len) : ::getpeername(c_.sock, reinterpret_cast<sockaddr*>(&a), &len)) != 0)
+            return;
+        char text[INET6_ADDRSTRLEN] = {};
+        if (a.ss_family == AF_INET) {
+            const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+            ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text);
+            port = ntohs(v4->sin_port);
+        } else if (a.ss_family == AF_INET6) {
+            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+            ::inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text);
+            port = ntohs(v6->sin6_port);
+        }
+        ip = text;
+    }
+
+    Connection& c_;
+    const StreamLimits& lim_;
+    ConnState& st_;
+    Clock::time_point read_deadline_;
+    Clock::time_point write_deadline_{};
+    bool write_started_ = false;
+    bool in_body_ = false;
+    std::size_t line_len_ = 0;
+    char last_ = 0;
+    std::size_t header_bytes_ = 0, body_bytes_ = 0, ledger_bytes_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// The connection pool: `threads` workers take accepted connections in order.
+// A connection that waited longer than `max_wait`, or finds more than
+// `max_queue` others waiting, is answered 503 at once (t_shed) instead of
+// being served late. PoolState::pressure() (connections wait and no worker
+// is idle) makes kept-alive connections give their thread up: the next
+// answer says "Connection: close", an idle connection closes.
+// ---------------------------------------------------------------------------
+struct PoolState {
+    std::atomic<std::size_t> waiting{0}, idle{0};
+    [[nodiscard]] bool pressure() const { return waiting.load() > 0 && idle.load() == 0; }
+};
+
+class ConnectionPool final : public httplib::TaskQueue {
+public:
+    ConnectionPool(std::size_t threads, std::size_t max_queue, std::chrono::milliseconds max_wait)
+        : max_queue_(max_queue), max_wait_(max_wait) {
+        for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+    }
+    ~ConnectionPool() override { shutdown(); }
+    ConnectionPool(const ConnectionPool&) = delete;
+    ConnectionPool& operator=(const ConnectionPool&) = delete;
+
+    void enqueue(std::function<void()> fn) override {
+        {
+            std::lock_guard lock(m_);
+            jobs_.push_back({Clock::now(), std::move(fn)});
+            state_->waiting.store(jobs_.size());
+        }
+        cv_.notify_one();
+    }
+
+    void shutdown() override {
+        {
+            std::lock_guard lock(m_);
+            if (down_) return;
+            down_ = true;
+        }
+        cv_.notify_all();
+        for (auto& t : threads_) t.join();
+    }
+
+    // Read by the connection threads (GuardedServer).
+    [[nodiscard]] std::shared_ptr<PoolState> state() const { return state_; }
+
+private:
+    struct Job {
+        Clock::time_point queued;
+        std::function<void()> fn;
+    };
+
+    void work() {
+        while (true) {
+            Job job;
+            std::size_t behind = 0;
+            {
+                std::unique_lock lock(m_);
+                state_->idle.fetch_add(1);
+                cv_.wait(lock, [&] { return down_ || !jobs_.empty(); });
+                state_->idle.fetch_sub(1);
+                if (jobs_.empty()) return;  // down_ and drained
+                job = std::move(jobs_.front());
+                jobs_.pop_front();
+                behind = jobs_.size();
+                state_->waiting.store(behind);
+            }
+            t_shed = behind > max_queue_ || Clock::now() - job.queued > max_wait_;
+            job.fn();  // always run: it closes the socket
+            t_shed = false;
+        }
+    }
+
+    std::size_t max_queue_;
+    std::chrono::milliseconds max_wait_;
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<Job> jobs_;
+    bool down_ = false;
+    std::shared_ptr<PoolState> state_ = std::make_shared<PoolState>();
+    std::vector<std::thread> threads_;
+};
+
+// Reads what the peer already sent (without waiting) so that close() sends a
+// FIN, not a reset that could destroy the answer in flight.
+void drain_now(int sock) {
+    char sink[16384];
+    for (int i = 0; i < 64; ++i)
+        if (::recv(sock, sink, sizeof sink, MSG_DONTWAIT) <= 0) break;
+}
+
+// httplib::Server with the connection loop replaced (see the file comment).
+class GuardedServer final : public httplib::Server {
+public:
+    StreamLimits limits;
+    std::chrono::milliseconds keep_alive_timeout{5000};
+    std::size_t keep_alive_max = 100;
+    std::shared_ptr<PoolState> pool;  // set by new_task_queue
+    std::atomic<bool>* stopping = nullptr;
+
+    // httplib 0.11 listens with a backlog of 5: a burst of connections would
+    // be dropped at SYN and retried a second later.
+    void raise_backlog(int n) const { ::listen(svr_sock_, n); }
+
+    // Under pool pressure the answer being written closes its connection
+    // ("Connection: close": the client knows not to reuse it, no race).
+    [[nodiscard]] bool under_pressure() const { return pool && pool->pressure(); }
+
+private:
+    bool process_and_close_socket(socket_t sock) override {
+        const int one = 1;
+        // Keep-alive answers written as headers + body would otherwise wait
+        // ~40 ms for the client's delayed ACK (Nagle).
+        ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (t_shed) {
+            shed(sock);
+            return true;
+        }
+        Connection c;
+        c.sock = sock;
+        bool ret = false, refused = false, timed_out = false;
+        for (std::size_t count = keep_alive_max; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
+            if (!wait_for_request(c, count == keep_alive_max)) break;
+            ConnState st;
+            t_conn = &st;
+            bool closed = false;
+            {
+                GuardedStream strm(c, limits, st);
+                ret = process_request(strm, count == 1, closed, nullptr);
+            }
+            t_conn = nullptr;
+            refused = st.close && !st.yielded;
+            timed_out = st.timed_out;
+            if (!ret || closed || st.close) break;
+        }
+        ::shutdown(sock, SHUT_WR);
+        if (refused && !timed_out) linger(sock);  // a client too slow to send its request gets no more time
+        else drain_now(sock);
+        ::close(sock);
+        return ret;
+    }
+
+    // Waits for the next request's first byte: up to read_timeout for the
+    // first request, keep_alive_timeout for the next ones; under pool
+    // pressure a kept-alive connection idle for 100 ms (a new one: 1 s)
+    // gives up its thread.
+    bool wait_for_request(Connection& c, bool first) {
+        if (c.buffered()) return true;
+        const auto start = Clock::now();
+        const auto deadline = start + (first ? limits.read_timeout : keep_alive_timeout);
+        while (true) {
+            if (stopping && stopping->load()) return false;
+            const auto now = Clock::now();
+            if (now >= deadline) return false;
+            if (under_pressure() && now - start > (first ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(100))) return false;
+            pollfd p{c.sock, POLLIN, 0};
+            const int r = ::poll(&p, 1, 20);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) return false;
+            if (r > 0) return (p.revents & POLLIN) != 0;
+        }
+    }
+
+    // After a refused request whose body was not read: stop sending, then read
+    // and drop what the client still sends (up to 1 s or 16 MiB) so that it
+    // sees the answer rather than a reset.
+    void linger(int sock) const {
+        const auto deadline = Clock::now() + std::chrono::seconds(1);
+        char sink[16384];
+        std::size_t total = 0;
+        while (total < (std::size_t{16} << 20) && wait_socket(sock, POLLIN, deadline, stopping) > 0) {
+            const ssize_t n = ::recv(sock, sink, sizeof sink, 0);
+            if (n <= 0) break;
+            total += static_cast<std::size_t>(n);
+        }
+    }
+
+    void shed(int sock) const {
+        const std::string body = error_body("busy", "the service has more connections than threads (gpumem serve --threads); retry later").dump();
+        const std::string msg = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+        drain_now(sock);
+        [[maybe_unused]] const ssize_t n = ::send(sock, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::shutdown(sock, SHUT_WR);
+        drain_now(sock);
+        ::close(sock);
+    }
+};
+
+// At most `max` computations at once; a request waits for a slot up to a limit.
+class WorkGate {
+public:
+    explicit WorkGate(int max) : max_(max) {}
+    bool acquire(std::chrono::milliseconds wait, const std::atomic<bool>& stopping) {
+        std::unique_lock lock(m_);
+        const bool got = cv_.wait_for(lock, wait, [&] { return running_ < max_ || stopping.load(); });
+        if (!got || stopping.load()) return false;
+        ++running_;
+        return true;
+    }
+    void release() {
+        {
+            std::lock_guard lock(m_);
+            --running_;
+        }
+        cv_.notify_one();
+    }
+    void wake_all() { cv_.notify_all(); }
+    int running() const {
+        std::lock_guard lock(m_);
+        return running_;
     }
 
 private:
-    std::chrono::milliseconds limit_;
-    int max_overdue_;
-    std::shared_ptr<std::atomic<int>> overdue_ = std::make_shared<std::atomic<int>>(0);
-    struct Live {
-        std::mutex m;
-        std::condition_variable cv;
-        int running = 0;
-    };
-    std::shared_ptr<Live> live_ = std::make_shared<Live>();
+    int max_;
+    int running_ = 0;
+    mutable std::mutex m_;
+    std::condition_variable cv_;
 };
 
 // Catches everything a handler throws: bad input never gives 500, internal
@@ -149,6 +542,10 @@ httplib::Server::Handler guarded(F f) {
             f(req, res);
         } catch (const InputError& e) {
             send(res, http_status(e.error().code), error_to_json(e.error()));
+        } catch (const BudgetExceeded& e) {
+            send(res, 503, error_body("timeout", e.what()));
+        } catch (const std::bad_alloc&) {
+            send(res, 503, error_body("out_of_memory", "the request needs more memory than the service can give it; ask for less"));
         } catch (const std::exception& e) {
             send(res, 500, error_body("internal", std::string("internal error: ") + e.what()));
         } catch (...) {
@@ -157,8 +554,17 @@ httplib::Server::Handler guarded(F f) {
     };
 }
 
-std::string host_for_url(const std::string& host) {
-    return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+// "host:port", "[v6]:port", "host" -> "host" (lower case, no brackets).
+std::string host_name(std::string_view h) {
+    std::string s(h);
+    if (!s.empty() && s.front() == '[') {
+        const auto e = s.find(']');
+        return lower(e == std::string::npos ? s.substr(1) : s.substr(1, e - 1));
+    }
+    const auto colon = s.find(':');
+    if (colon != std::string::npos && s.find(':', colon + 1) == std::string::npos) s.resize(colon);
+    while (!s.empty() && s.back() == '.') s.pop_back();  // "localhost." is localhost
+    return lower(s);
 }
 
 }  // namespace
@@ -173,6 +579,17 @@ int http_status(ErrorCode code) {
         case ErrorCode::Io: return 500;
     }
     return 500;
+}
+
+bool host_allowed(std::string_view host, const std::vector<std::string>& bound, const std::vector<std::string>& allowed) {
+    const std::string h = host_name(host);
+    if (h.empty()) return false;
+    if (h == "localhost" || h == "127.0.0.1" || h == "::1") return true;
+    for (const auto& b : bound)
+        if (!b.empty() && b != "0.0.0.0" && b != "::" && host_name(b.find(':') != std::string::npos && b.front() != '[' ? "[" + b + "]" : b) == h) return true;
+    for (const auto& a : allowed)
+        if (host_name(a) == h) return true;
+    return false;
 }
 
 Result<std::chrono::milliseconds> parse_duration(std::string_view s, std::string_view field) {
@@ -201,54 +618,175 @@ Result<std::chrono::milliseconds> parse_duration(std::string_view s, std::string
 
 struct Server::Impl {
     ServerOptions opt;
-    httplib::Server svr;
+    GuardedServer svr;
     std::thread thread;
     int port = -1;
     std::string error;
-    std::unique_ptr<Budget> budget;
+    std::atomic<bool> stopping{false};
+    BodyLedger ledger;
+    std::unique_ptr<WorkGate> gate;
+    std::set<std::string> post_routes = {"/v1/snapshot"}, get_routes = {"/healthz", "/v1/models", "/v1/gpus", "/v1/fields"};
 
     explicit Impl(ServerOptions o) : opt(std::move(o)) {}
 
-    int threads() const {
-        if (opt.threads > 0) return opt.threads;
-        // httplib holds a pool thread per keep-alive connection: at least 8.
-        return std::max(8, 2 * static_cast<int>(std::thread::hardware_concurrency()));
+    int threads() const { return opt.threads > 0 ? opt.threads : 64; }
+    int concurrency() const {
+        if (opt.concurrency > 0) return opt.concurrency;
+        return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 8);
+    }
+
+    // Runs one computation on this (the connection's) thread: waits for a slot
+    // up to queue_timeout (503 busy), then runs under a WorkBudget of
+    // time_limit that the engine's loops check (503 timeout when spent, the
+    // work unwound). `work` parses the body itself, so that large parses are
+    // bounded by the concurrency too.
+    void respond(Response& res, const std::function<Result<json>()>& work, const char* raw_type = nullptr) {
+        if (!gate->acquire(opt.queue_timeout, stopping)) {
+            res.set_header("Retry-After", "1");
+            send(res, 503, error_body("busy", "the service is busy: " + std::to_string(concurrency()) +
+                                                  " requests are computing and none finished within " + std::to_string(opt.queue_timeout.count()) +
+                                                  " ms (gpumem serve --concurrency, --queue-timeout); retry later"));
+            return;
+        }
+        struct Release {
+            WorkGate& g;
+            ~Release() { g.release(); }
+        } release{*gate};
+        std::optional<Result<json>> r;
+        try {
+            WorkBudget budget(opt.time_limit, &stopping);
+            r.emplace(work());
+        } catch (const BudgetExceeded&) {
+            send(res, 503, error_body("timeout", "the request needs more than the service's time limit of " + std::to_string(opt.time_limit.count()) +
+                                                     " ms (gpumem serve --time-limit) and was cancelled; narrow it (plan: only-*, top; sweep: fewer "
+                                                     "points; fewer GPUs) or run the CLI"));
+            return;
+        }
+        if (*r && raw_type && r->value().is_string()) res.set_content(r->value().get<std::string>(), raw_type);
+        else if (*r) send(res, 200, r->value());
+        else send(res, http_status(r->error().code), error_to_json(r->error()));
+    }
+
+    static json parse_body(const std::string& text) {
+        check_json_text(text);
+        try {
+            return json::parse(text);
+        } catch (const json::exception& e) {
+            fail(ErrorCode::ParseError, "", std::string("the request body is not valid JSON: ") + e.what());
+        }
+    }
+
+    // Before the body is read: the Host names this server, an Origin is its
+    // own, a POST says its length (411) within the limit (413), sends JSON
+    // (415; snapshots may send bytes) and is not compressed.
+    httplib::Server::HandlerResponse screen(const Request& req, Response& res) const {
+        const auto refuse = [&](int status, const std::string& code, const std::string& msg) {
+            send(res, status, error_body(code, msg));
+            res.set_header("Connection", "close");
+            mark_close();
+            return httplib::Server::HandlerResponse::Handled;
+        };
+        const std::string host = req.get_header_value("Host");
+        if (req.has_header("Host") && !host_allowed(host, {opt.host, req.local_addr}, opt.allow_hosts))
+            return refuse(403, "forbidden_host", "Host \"" + host.substr(0, 200) + "\" is not this server's name (localhost, 127.0.0.1, [::1] or the listening address); "
+                                                 "to reach it under another name start it with --allow-host NAME");
+        if (req.get_header_value_count("Host") > 1) return refuse(400, "bad_request", "more than one Host header");
+        if (req.has_header("Origin")) {
+            const std::string origin = req.get_header_value("Origin");
+            const std::string want = "http://" + lower(host);
+            if (!req.has_header("Host") || lower(origin) != want)
+                return refuse(403, "forbidden_origin", "Origin \"" + origin.substr(0, 200) + "\" is not this server (" + want +
+                                                           "): the service answers its own page only, no cross-site requests");
+        }
+        if (req.method != "POST") return httplib::Server::HandlerResponse::Unhandled;
+
+        const std::string te = lower(req.get_header_value("Transfer-Encoding"));
+        const bool chunked = te == "chunked";
+        if (req.has_header("Transfer-Encoding") && !chunked)
+            return refuse(501, "not_implemented", "Transfer-Encoding \"" + te.substr(0, 100) + "\": only chunked (or a Content-Length) is accepted");
+        if (chunked && req.has_header("Content-Length")) return refuse(400, "bad_request", "both Content-Length and Transfer-Encoding: send one");
+        if (!chunked && !req.has_header("Content-Length"))
+            return refuse(411, "length_required", "a POST needs a Content-Length header (or Transfer-Encoding: chunked)");
+        if (!chunked) {
+            const std::string cl = req.get_header_value("Content-Length");
+            std::uint64_t n = 0;
+            const auto [p, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
+            if (ec != std::errc() || p != cl.data() + cl.size()) return refuse(400, "bad_request", "Content-Length \"" + cl.substr(0, 40) + "\" is not a number");
+            if (n > opt.max_body) return refuse(413, "payload_too_large", too_large_message());
+        }
+        const std::string ce = lower(req.get_header_value("Content-Encoding"));
+        if (!ce.empty() && ce != "identity")
+            return refuse(415, "unsupported_media_type", "Content-Encoding \"" + ce.substr(0, 100) + "\": send the body uncompressed");
+
+        if (post_routes.count(req.path) == 0) return httplib::Server::HandlerResponse::Unhandled;  // 404 / 405 after the (bounded) body
+        std::string type = lower(req.get_header_value("Content-Type"));
+        if (const auto semi = type.find(';'); semi != std::string::npos) type.resize(semi);
+        while (!type.empty() && type.back() == ' ') type.pop_back();
+        const bool snapshot = req.path == "/v1/snapshot";
+        if (type != kJson && !(snapshot && type == "application/octet-stream"))
+            return refuse(415, "unsupported_media_type",
+                          "Content-Type \"" + type.substr(0, 100) + "\": send the body as application/json" +
+                              (snapshot ? std::string(" (or the snapshot's bytes as application/octet-stream)") : std::string()));
+        return httplib::Server::HandlerResponse::Unhandled;
+    }
+
+    std::string too_large_message() const {
+        return "the request body is over the service's limit of " + std::to_string(opt.max_body) + " bytes (gpumem serve --max-body)";
     }
 
     void setup() {
         const int n = threads();
-        budget = std::make_unique<Budget>(opt.time_budget, std::max(2, n));
-        svr.new_task_queue = [n] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
+        gate = std::make_unique<WorkGate>(concurrency());
+        ledger.limit = opt.max_body_total > 0 ? opt.max_body_total : 16 * opt.max_body;
+        svr.limits.max_header = opt.max_header;
+        // Chunk framing ("<hex>\r\n ... \r\n") on top of the payload: 1/8 more.
+        svr.limits.max_body_wire = opt.max_body + opt.max_body / 8 + 4096;
+        svr.limits.read_timeout = opt.read_timeout;
+        svr.limits.write_timeout = opt.write_timeout;
+        svr.limits.stopping = &stopping;
+        svr.limits.ledger = &ledger;
+        svr.keep_alive_timeout = opt.keep_alive_timeout;
+        svr.keep_alive_max = static_cast<std::size_t>(std::max(1, opt.keep_alive_max));
+        svr.stopping = &stopping;
+        svr.new_task_queue = [this, n] {
+            auto* pool = new ConnectionPool(static_cast<std::size_t>(n), static_cast<std::size_t>(4 * n), 2 * opt.read_timeout);
+            svr.pool = pool->state();
+            return pool;
+        };
         svr.set_payload_max_length(opt.max_body);
-        svr.set_keep_alive_max_count(1000);
-        svr.set_keep_alive_timeout(5);
-        svr.set_read_timeout(10);
-        svr.set_write_timeout(10);
-
-        std::set<std::string> post_routes = {"/v1/snapshot"}, get_routes = {"/healthz", "/v1/models", "/v1/gpus", "/v1/fields"};
+        svr.set_keep_alive_max_count(svr.keep_alive_max);
+        svr.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(opt.keep_alive_timeout.count() / 1000)));
+        svr.set_tcp_nodelay(true);
+        svr.set_pre_routing_handler([this](const Request& req, Response& res) { return screen(req, res); });
+        // "Expect: 100-continue" (curl, for bodies over 1 MiB): the same checks
+        // answer before the client sends the body.
+        svr.set_expect_100_continue_handler([this](const Request& req, Response& res) {
+            return screen(req, res) == httplib::Server::HandlerResponse::Handled ? res.status : 100;
+        });
+        svr.set_post_routing_handler([this](const Request&, Response& res) {
+            if (svr.under_pressure() && t_conn && !t_conn->close) {
+                res.set_header("Connection", "close");
+                t_conn->close = true;
+                t_conn->yielded = true;
+            }
+        });
 
         for (const auto& cmd : json_commands()) {
             post_routes.insert("/v1/" + cmd);
             svr.Post("/v1/" + cmd, guarded([this, cmd](const Request& req, Response& res) {
-                         json body;
-                         try {
-                             body = json::parse(req.body);
-                         } catch (const json::exception& e) {
-                             send(res, 400, error_to_json(Error{ErrorCode::ParseError, std::string("the request body is not valid JSON: ") + e.what(), ""}));
-                             return;
-                         }
-                         if (auto e = check_model(body)) {
-                             send(res, http_status(e->code), error_to_json(*e));
+                         if (req.body.size() > opt.max_body) {  // a chunked body, decoded
+                             send(res, 413, error_body("payload_too_large", too_large_message()));
                              return;
                          }
                          // POST /v1/timeline?format=svg: the plot the CLI writes
                          // (--timeline FILE.svg), drawn by the same renderer.
                          if (cmd == "timeline" && req.has_param("format") && req.get_param_value("format") != "json") {
                              if (req.get_param_value("format") != "svg")
-                                 fail(ErrorCode::InvalidArgument, "format", "format: \"" + req.get_param_value("format") + "\" is not json or svg");
-                             budget->respond(
+                                 fail(ErrorCode::InvalidArgument, "format", "format: \"" + req.get_param_value("format").substr(0, 40) + "\" is not json or svg");
+                             respond(
                                  res,
-                                 [body = std::move(body)]() -> Result<json> {
+                                 [&req]() -> Result<json> {
+                                     const json body = parse_body(req.body);
                                      auto a = run(Command::Timeline, body);
                                      if (!a) return a.error();
                                      const auto& e = std::get<FullEstimate>(a.value().result).memory;
@@ -258,20 +796,29 @@ struct Server::Impl {
                                  "image/svg+xml");
                              return;
                          }
-                         budget->respond(res, [cmd, body = std::move(body)] { return api_call(cmd, body, false); });
+                         respond(res, [&req, &cmd] {
+                             json body = parse_body(req.body);
+                             // The planner's confirming simulations run on this
+                             // thread only: under its budget, never one thread per
+                             // request field.
+                             if (cmd == "plan" && body.is_object()) body["threads"] = 1;
+                             return api_call(cmd, body, false);
+                         });
                      }));
         }
 
         svr.Post("/v1/snapshot", guarded([this](const Request& req, Response& res) {
-                     // JSON-wrapped form ({"data": ...}, as api_call takes it): only
-                     // with Content-Type application/json and a "data" or "path"
-                     // key; "path" is refused (allow_paths=false).
-                     if (req.get_header_value("Content-Type").rfind(kJson, 0) == 0) {
-                         json body = json::parse(req.body, nullptr, false);
-                         if (body.is_object() && (body.contains("data") || body.contains("path"))) {
-                             budget->respond(res, [body = std::move(body)] { return api_call("snapshot", body, false); });
-                             return;
-                         }
+                     if (req.body.size() > opt.max_body) {
+                         send(res, 413, error_body("payload_too_large", too_large_message()));
+                         return;
+                     }
+                     // JSON-wrapped form ({"data": ...}, as api_call takes it):
+                     // with Content-Type application/json; "path" is refused
+                     // (allow_paths=false).
+                     std::string type = lower(req.get_header_value("Content-Type"));
+                     if (type.rfind(kJson, 0) == 0) {
+                         respond(res, [&req] { return api_call("snapshot", parse_body(req.body), false); });
+                         return;
                      }
                      json opts = json::object();
                      if (req.has_param("alloc-conf")) opts["alloc-conf"] = req.get_param_value("alloc-conf");
@@ -280,11 +827,11 @@ struct Server::Impl {
                          int dev = 0;
                          const auto [p, ec] = std::from_chars(d.data(), d.data() + d.size(), dev);
                          if (ec != std::errc() || p != d.data() + d.size() || dev < 0)
-                             fail(ErrorCode::InvalidArgument, "device", "device: \"" + d + "\" is not a device index (0, 1, ...)");
+                             fail(ErrorCode::InvalidArgument, "device", "device: \"" + d.substr(0, 40) + "\" is not a device index (0, 1, ...)");
                          opts["device"] = dev;
                      }
                      if (req.body.empty()) fail(ErrorCode::InvalidArgument, "data", "send the snapshot file's bytes as the request body");
-                     budget->respond(res, [data = req.body, opts = std::move(opts)] { return api_snapshot_bytes(data, opts); });
+                     respond(res, [&req, &opts] { return api_snapshot_bytes(req.body, opts); });
                  }));
 
         svr.Get("/healthz", guarded([](const Request&, Response& res) { send(res, 200, json{{"status", "ok"}}); }));
@@ -316,6 +863,8 @@ struct Server::Impl {
             }
             svr.Get(pattern, guarded([&a](const Request&, Response& res) {
                         res.set_header("Cache-Control", "no-cache");
+                        res.set_header("X-Content-Type-Options", "nosniff");
+                        res.set_header("X-Frame-Options", "DENY");
                         res.set_content(reinterpret_cast<const char*>(a.data), a.size, std::string(a.content_type));
                     }));
         }
@@ -331,25 +880,39 @@ struct Server::Impl {
             send(res, 500, error_body("internal", what));
         });
 
-        const std::size_t max_body = opt.max_body;
-        svr.set_error_handler(httplib::Server::HandlerWithResponse([post_routes, get_routes, max_body](const Request& req, Response& res) {
+        svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const Request& req, Response& res) {
             if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // our own JSON error
-            if (res.status == 404) {
+            const ConnState* st = t_conn;
+            if (st && st->header_too_large) {
+                send(res, 431, error_body("headers_too_large", "the request line and headers are over the service's limit of " +
+                                                                   std::to_string(opt.max_header) + " bytes"));
+            } else if (st && st->body_too_large) {
+                send(res, 413, error_body("payload_too_large", too_large_message()));
+            } else if (st && st->bodies_over_total) {
+                res.set_header("Retry-After", "1");
+                send(res, 503, error_body("busy", "the service holds too many request bodies at once; retry later"));
+            } else if (st && st->timed_out) {
+                send(res, 408, error_body("request_timeout", "the request did not arrive within the service's read timeout of " +
+                                                                 std::to_string(opt.read_timeout.count()) + " ms (gpumem serve --read-timeout)"));
+            } else if (res.status == 404) {
                 const bool is_post = post_routes.count(req.path) > 0, is_get = get_routes.count(req.path) > 0;
                 if (is_post || is_get) {
                     res.set_header("Allow", is_post ? "POST" : "GET, HEAD");
-                    send(res, 405, error_body("method_not_allowed", req.method + " " + req.path + ": use " + (is_post ? "POST" : "GET")));
+                    send(res, 405, error_body("method_not_allowed", req.method + " " + req.path.substr(0, 200) + ": use " + (is_post ? "POST" : "GET")));
                 } else {
-                    send(res, 404, error_body("not_found", "no route " + req.method + " " + req.path +
+                    send(res, 404, error_body("not_found", "no route " + req.method.substr(0, 20) + " " + req.path.substr(0, 200) +
                                                                " (POST /v1/estimate, /v1/fit, /v1/plan, /v1/sweep, /v1/advise, /v1/doctor, /v1/calibrate, "
                                                                "/v1/timeline, /v1/snapshot; GET /v1/models, /v1/gpus, /v1/fields, /healthz, / (the page))"));
                 }
             } else if (res.status == 413) {
-                send(res, 413, error_body("payload_too_large", "the request body is over the service's limit of " + std::to_string(max_body) +
-                                                                  " bytes (gpumem serve --max-body)"));
+                send(res, 413, error_body("payload_too_large", too_large_message()));
             } else {
                 const int status = res.status;
                 send(res, status, error_body("http_" + std::to_string(status), "HTTP " + std::to_string(status)));
+            }
+            if (res.status >= 400 && res.status != 404 && res.status != 405) {
+                res.set_header("Connection", "close");
+                mark_close();
             }
             return httplib::Server::HandlerResponse::Handled;
         }));
@@ -377,6 +940,7 @@ bool Server::start(const std::string& host, int port) {
         impl_->error = "cannot listen on " + host_for_url(host) + ":" + std::to_string(port) + " (address in use or not local)";
         return false;
     }
+    impl_->svr.raise_backlog(1024);
     impl_->port = bound;
     impl_->thread = std::thread([this] { impl_->svr.listen_after_bind(); });
     // stop() only works once the accept loop runs.
@@ -388,11 +952,14 @@ int Server::port() const { return impl_->port; }
 
 const std::string& Server::error() const { return impl_->error; }
 
+int Server::running() const { return impl_->gate ? impl_->gate->running() : 0; }
+
 void Server::stop() {
     if (!impl_ || !impl_->thread.joinable()) return;
+    impl_->stopping = true;  // cancels the work in flight (WorkBudget) and ends the connection loops
+    if (impl_->gate) impl_->gate->wake_all();
     impl_->svr.stop();
     impl_->thread.join();
-    if (impl_->budget) impl_->budget->drain();
 }
 
 int run_server(const ServerOptions& opt) {
@@ -409,7 +976,13 @@ int run_server(const ServerOptions& opt) {
         std::fprintf(stderr, "gpumem: error: %s\n", s.error().c_str());
         return 1;
     }
-    std::fprintf(stderr, "gpumem serving on http://%s:%d\n", host_for_url(opt.host).c_str(), s.port());
+    if (!opt.quiet) {
+        std::fprintf(stderr, "gpumem serving on http://%s:%d\n", host_for_url(opt.host).c_str(), s.port());
+        const std::string h = host_name(opt.host);
+        if (h != "127.0.0.1" && h != "::1" && h != "localhost")
+            std::fprintf(stderr, "gpumem: warning: listening on %s, not loopback: anyone who can reach it can use the service (docs/security.md)\n",
+                         opt.host.c_str());
+    }
     int sig = 0;
     sigwait(&set, &sig);
     std::fprintf(stderr, "gpumem: stopping\n");

@@ -355,7 +355,7 @@ test('timeline labels never overlap', { timeout: 90_000 }, async (t) => {
     }
   }
   // The page shows the service's SVG, the one the CLI writes with --timeline FILE.svg.
-  const r = await fetch(base + '/v1/timeline?format=svg', { method: 'POST', body: JSON.stringify({ model: 'llama-3.2-1b', seq: 512 }) });
+  const r = await fetch(base + '/v1/timeline?format=svg', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ model: 'llama-3.2-1b', seq: 512 }) });
   assert.equal(r.status, 200);
   assert.match(r.headers.get('content-type'), /^image\/svg\+xml/);
   const tmp = path.join(fs.mkdtempSync(path.join(process.env.TMPDIR || '/tmp', 'gpumem-web-')), 't.svg');
@@ -493,6 +493,9 @@ test('page assets are served with their types; other methods are 405', async () 
   assert.equal((await fetch(base + '/v1/fields', { method: 'POST', body: '' })).status, 405);
   assert.equal((await fetch(base + '/nope.js')).status, 404);
   assert.equal((await fetch(base + '/appXjs')).status, 404, 'asset routes are exact paths');
-  const bad = await fetch(base + '/v1/timeline?format=png', { method: 'POST', body: '{"model":"llama-3.2-1b"}' });
+  const bad = await fetch(base + '/v1/timeline?format=png', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{"model":"llama-3.2-1b"}' });
   assert.equal(bad.status, 400);
+  // A page elsewhere cannot post without a CORS preflight: text/plain (fetch's default) is refused.
+  const plain = await fetch(base + '/v1/estimate', { method: 'POST', body: '{"model":"gpt2"}' });
+  assert.equal(plain.status, 415);
 });

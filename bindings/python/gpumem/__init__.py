@@ -28,9 +28,12 @@ __all__ = [
     "simulate", "snapshot", "doctor", "models", "gpus", "call", "fields", "trace", "calibrate",
 ]
 
-#: Raised for invalid input; ``str(e)`` is the CLI's message, ``e.field`` the
-#: flag/field it is about ("" if none) and ``e.code`` the error kind
-#: ("invalid_argument", "parse_error", "not_found", "unsupported", "overflow", "io_error").
+#: The one exception every bad request raises (never a crash of the
+#: interpreter): ``str(e)`` is the CLI's message, ``e.field`` the flag/field
+#: it is about ("" if none) and ``e.code`` the error kind: "invalid_argument",
+#: "parse_error" (also a body that is not JSON or nests deeper than 64 levels),
+#: "not_found", "unsupported", "overflow", "io_error", "timeout" (work over
+#: ``time_limit``), "out_of_memory" or "internal".
 GpumemError = _gpumem.GpumemError
 
 _GIB = float(1 << 30)
@@ -304,11 +307,18 @@ def fields(command: Optional[str] = None) -> List[Dict[str, Any]]:
     return [dict(f) for f in fs if command is None or command in f["commands"]]
 
 
-def call(command: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def call(command: str, body: Optional[Dict[str, Any]] = None, time_limit: Optional[float] = None) -> Dict[str, Any]:
     """Run one command of the JSON API on a request body (keys are the field
     names) and return the plain JSON result. The typed functions below are
-    thin wrappers over this."""
-    return json.loads(_gpumem.call(command, json.dumps(body or {})))
+    thin wrappers over this. ``time_limit`` (seconds) cancels work that runs
+    longer (GpumemError with code "timeout"). Every failure raises GpumemError."""
+    try:
+        text = json.dumps(body or {}, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        err = GpumemError(f"the request is not JSON data: {e}")
+        err.code, err.field = "parse_error", ""
+        raise err from None
+    return json.loads(_gpumem.call(command, text, float(time_limit or 0.0)))
 
 
 def _error(message: str, field: str) -> GpumemError:

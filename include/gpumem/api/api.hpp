@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/core/input.hpp"
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/fields.hpp"
 #include "gpumem/memory/serving.hpp"
@@ -74,6 +75,12 @@ Result<nlohmann::json> api_call(std::string_view command, const nlohmann::json& 
 Result<nlohmann::json> api_snapshot_bytes(std::string_view data, const nlohmann::json& options);
 // Names of the commands api_call takes.
 const std::vector<std::string>& api_commands();
+// Throws InputError (parse_error, naming `origin`) when a parsed JSON value
+// nests deeper than max_depth arrays/objects; iterative, so safe on any value.
+// run(), api_call() and api_snapshot_bytes() check their bodies with it; text
+// is checked with check_json_depth(std::string_view, ...) (core/input.hpp)
+// before it is parsed.
+void check_json_depth(const nlohmann::json& value, std::string_view origin, int max_depth = kMaxJsonDepth);
 
 // The error ladder every front end shares: runs f, turning InputError,
 // OverflowError and JSON type errors into Error.

@@ -17,6 +17,7 @@
 #include "gpumem/core/dtype.hpp"
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/parallel.hpp"
+#include "gpumem/model/load.hpp"
 #include "gpumem/model/onnx.hpp"
 
 namespace gpumem {
@@ -105,6 +106,9 @@ const char* to_string(RecomputeMethod);
 
 struct EstimateRequest {
     std::string model;                 // preset name, path, or "" with params_count
+    // false: `model` names a built-in preset only and no file is read for it
+    // (requests to the HTTP service; api run() sets it from CallOptions).
+    bool files = true;
     std::optional<std::int64_t> params_count;  // --params 7B
     // Loss of an ONNX model whose graph output is not a loss (sum, mean,
     // cross-entropy, none; unset: sum with a note). Other models ignore it.
@@ -183,10 +187,11 @@ struct EstimateRequest {
 // Plain data read by the plan layer (time model, planner, sweep): defined with
 // the request so that the one field table (memory/fields.hpp) can fill them.
 
-// How load_model reads this request's MODEL (its ONNX loss).
-inline OnnxOptions model_options(const EstimateRequest& r) {
-    OnnxOptions o;
-    o.loss = r.loss.value_or("");
+// How load_model reads this request's MODEL (presets only or files too; its ONNX loss).
+inline ModelLoadOptions model_options(const EstimateRequest& r) {
+    ModelLoadOptions o;
+    o.onnx.loss = r.loss.value_or("");
+    o.files = r.files;
     return o;
 }
 

@@ -8,14 +8,16 @@
 //                              (its config.json + safetensors headers, read offline)
 //   --params 7B                a parameter count only (model states, no activations)
 //
-// load_model tries a preset name (or a preset's HF id), then an existing file
-// or folder, then the Hugging Face cache. All of them return a ModelGraph or an
+// load_model tries an existing file or folder, then a preset name (or a
+// preset's HF id), then the Hugging Face cache; with files = false
+// (ModelLoadOptions) presets only. All of them return a ModelGraph or an
 // Error naming the file and field. The HTTP service takes presets only and
-// never reaches the file or cache loaders (server.cpp, check_model).
+// never reaches the file or cache loaders (ModelLoadOptions::files = false).
 #pragma once
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -40,8 +42,18 @@ const std::vector<PresetInfo>& presets();
 // The embedded config.json text of a preset, or nullptr.
 const char* preset_config_text(std::string_view name);
 
-// `onnx`: how a .onnx MODEL is read (its --loss); other sources ignore it.
-Result<ModelGraph> load_model(const std::string& spec, const OnnxOptions& onnx = {});
+// How load_model may resolve a spec. `files` false: built-in presets only; no
+// file, folder or Hugging Face cache is looked at, even when a folder in the
+// working directory has the preset's name (the HTTP service: requests never
+// touch the server's files). `onnx`: how a .onnx MODEL is read (its --loss).
+struct ModelLoadOptions {
+    OnnxOptions onnx;
+    bool files = true;
+    ModelLoadOptions() = default;
+    ModelLoadOptions(OnnxOptions o) : onnx(std::move(o)) {}  // NOLINT(google-explicit-constructor)
+};
+
+Result<ModelGraph> load_model(const std::string& spec, const ModelLoadOptions& opts = {});
 Result<ModelGraph> load_preset(std::string_view name);
 Result<ModelGraph> load_hf_config_file(const std::string& path);
 Result<ModelGraph> load_hf_config_json(const nlohmann::json& config, std::string_view origin);

@@ -2,10 +2,22 @@
 //
 // A thin JSON-over-HTTP front end over api_call(): POST /v1/<command> with the
 // same JSON body the Python bindings take, answered with the JSON the CLI
-// prints with --format json. Safe by default: loopback only unless a host is
-// given, a request body limit, no filesystem access from requests (model
-// names must be built-in presets, snapshots are uploaded bytes), and a time
-// budget per request (503 {"error": {"code": "timeout"}} when over it).
+// prints with --format json. It serves untrusted clients (docs/security.md):
+//   - loopback only unless a host is given; the Host header must name this
+//     server (DNS rebinding) and an Origin header must be the Host's own;
+//     POST bodies must be application/json (snapshots: octet-stream too), so a
+//     web page cannot post to it cross-site without a CORS preflight;
+//   - requests never touch files: model names resolve to built-in presets only
+//     (ModelLoadOptions::files = false), configs and snapshots are sent inline;
+//   - every connection is bounded in time (the whole request must arrive
+//     within read_timeout, the whole answer leave within write_timeout, idle
+//     keep-alive connections close after keep_alive_timeout, or at once when
+//     other connections wait for a thread) and in bytes (headers, body,
+//     chunked bodies too; JSON depth and size);
+//   - at most `concurrency` computations run at once, each on the connection's
+//     own thread under a WorkBudget of time_limit: over it, the work is
+//     cancelled (BudgetExceeded) and the answer is 503 "timeout"; a request
+//     that finds no free slot within queue_timeout gets 503 "busy".
 #pragma once
 
 #include <chrono>
@@ -13,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gpumem/core/result.hpp"
 
@@ -21,9 +34,22 @@ namespace gpumem::server {
 struct ServerOptions {
     std::string host = "127.0.0.1";
     int port = 8080;                                 // 0: an ephemeral port (see Server::port())
-    int threads = 0;                                 // request threads; 0: 2 x hardware_concurrency
-    std::size_t max_body = std::size_t{8} << 20;     // bytes; larger bodies get 413
-    std::chrono::milliseconds time_budget{10000};    // per request; over it: 503 timeout
+    // Connection threads: each serves one connection at a time (idle keep-alive
+    // connections give theirs up when others wait). 0: 64.
+    int threads = 0;
+    // Computations (POST /v1/...) running at once. 0: the hardware threads, 2..8.
+    int concurrency = 0;
+    std::size_t max_body = std::size_t{8} << 20;     // bytes; larger bodies (chunked too) get 413
+    std::size_t max_header = std::size_t{64} << 10;  // request line + headers, bytes; larger: 431
+    // Bytes of request bodies held at once by all connections; over it: 503. 0: 16 x max_body.
+    std::size_t max_body_total = 0;
+    std::chrono::milliseconds time_limit{10000};     // work per request; over it: cancelled, 503 timeout
+    std::chrono::milliseconds queue_timeout{2000};   // wait for a computation slot; over it: 503 busy
+    std::chrono::milliseconds read_timeout{10000};   // the whole request (line, headers, body); over it: 408
+    std::chrono::milliseconds write_timeout{10000};  // the whole answer; over it: the connection closes
+    std::chrono::milliseconds keep_alive_timeout{5000};  // an idle keep-alive connection closes after it
+    int keep_alive_max = 100;                        // requests per connection
+    std::vector<std::string> allow_hosts;            // Host names accepted besides loopback and the bound address
     bool quiet = false;                              // no startup line on stderr
 };
 
@@ -42,7 +68,10 @@ public:
     // The bound port (after a successful start()).
     [[nodiscard]] int port() const;
     [[nodiscard]] const std::string& error() const;
-    // Stops accepting, finishes the requests in flight and joins the thread.
+    // Computations running now (tests: a cancelled request frees its slot).
+    [[nodiscard]] int running() const;
+    // Stops accepting, cancels the work in flight, closes the connections and
+    // joins the threads.
     void stop();
 
 private:
@@ -59,5 +88,10 @@ Result<std::chrono::milliseconds> parse_duration(std::string_view s, std::string
 
 // The HTTP status for an Error code (400, 404, 500).
 int http_status(ErrorCode code);
+
+// Whether `host` (a Host header's value, with or without a port) names this
+// server: localhost, 127.0.0.1, [::1], `bound` (the listening address or the
+// connection's local address) or one of `allowed`. Case-insensitive.
+bool host_allowed(std::string_view host, const std::vector<std::string>& bound, const std::vector<std::string>& allowed);
 
 }  // namespace gpumem::server
