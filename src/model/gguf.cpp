@@ -118,7 +118,6 @@ std::int64_t value_type_size(std::int32_t t) {
 bool is_integer_type(std::int32_t t) { return value_type_size(t) > 0 && t != kF32 && t != kF64; }
 
 constexpr std::uint32_t kVersion = 3;                      // gguf.h:42 GGUF_VERSION
-constexpr std::uint64_t kDefaultAlignment = 32;            // gguf.h:46 GGUF_DEFAULT_ALIGNMENT
 constexpr std::uint64_t kMaxTensorName = 64;               // ggml.h GGML_MAX_NAME: names are < 64 bytes (gguf.cpp)
 constexpr std::int64_t kMaxCount = 1000000;                // our cap on n_tensors and n_kv
 constexpr std::int64_t kMinTensorInfo = 24;                // name length 8 + n_dims 4 + type 4 + offset 8

@@ -130,11 +130,10 @@ struct Value {
 class Reader {
 public:
     Reader(const onnx::ModelProto& m, std::string origin, OnnxOptions opts)
-        : m_(m), g_(m.graph()), origin_(std::move(origin)), opts_(std::move(opts)) {}
+        : g_(m.graph()), origin_(std::move(origin)), opts_(std::move(opts)) {}
     ModelGraph run();
 
 private:
-    const onnx::ModelProto& m_;
     const onnx::GraphProto& g_;
     std::string origin_;
     OnnxOptions opts_;

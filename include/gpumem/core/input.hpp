@@ -45,6 +45,14 @@ std::int64_t check_input_file(const std::string& path, std::int64_t cap, std::st
 // Throws InputError naming `origin` when `text` (JSON) nests deeper than
 // `max_depth` arrays/objects. Linear, no recursion; strings are skipped.
 void check_json_depth(std::string_view text, std::string_view origin, int max_depth = kMaxJsonDepth);
+// Text given as a std::string or literal is text (not a JSON string value:
+// gpumem/api/api.hpp has an overload for parsed values).
+inline void check_json_depth(const std::string& text, std::string_view origin, int max_depth = kMaxJsonDepth) {
+    check_json_depth(std::string_view(text), origin, max_depth);
+}
+inline void check_json_depth(const char* text, std::string_view origin, int max_depth = kMaxJsonDepth) {
+    check_json_depth(std::string_view(text), origin, max_depth);
+}
 
 // Parses a decimal integer in [lo, hi] from text (no sign games, no trailing
 // junk); throws InputError naming `field` with the allowed range otherwise.
