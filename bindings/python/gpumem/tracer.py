@@ -476,9 +476,14 @@ def _run_trace(torch, model, args, kwargs, loss_fn, cuda_semantics, modern_saves
             loss = loss_fn(out)
             # the forward returned the loss itself: the loop binds nothing else
             tr.loss_in_forward = any(loss is t for t in _flat(torch, out))
-    except NotImplementedError as e:
+    except (NotImplementedError, RuntimeError) as e:
+        # torch 1.13: NotImplementedError "Could not run 'aten::x' with arguments from the 'Meta'
+        # backend"; torch 2.x: RuntimeError "Tensor.item() cannot be called on meta tensors" (its
+        # meta registration of aten::_local_scalar_dense raises) for the same data dependence.
         msg = str(e).splitlines()[0] if str(e) else repr(e)
-        if "Meta" in msg:
+        if "on meta tensors" in msg and "'" not in msg:
+            msg = "'aten::_local_scalar_dense' " + msg
+        if ("Meta" in msg and isinstance(e, NotImplementedError)) or "on meta tensors" in msg:
             op = msg.split("'")[1] if "'" in msg else "an operator"
             last = tr.aten_ops[-1]["op"] if tr.aten_ops else "no op"
             hint = ""
