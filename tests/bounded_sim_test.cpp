@@ -183,7 +183,7 @@ TEST(BoundedSim, SweepListChecksAreNotQuadratic) {
 
 TEST(BoundedSim, SweepGridIsBounded) {
     std::string batches;
-    for (std::size_t b = 1; b <= kMaxSweepPoints + 1; ++b) batches += (b > 1 ? "," : "") + std::to_string(b);
+    for (std::int64_t b = 1; b <= kMaxSweepPoints + 1; ++b) batches += (b > 1 ? "," : "") + std::to_string(b);
     const auto r = test::run_cli("sweep gpt2 --analytic --batches " + batches);
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("at most " + std::to_string(kMaxSweepPoints)), std::string::npos) << r.err;

@@ -246,7 +246,7 @@ Result<SweepResult> sweep(const SweepRequest& req) {
         // Every point is a whole estimate (a step simulation unless --analytic):
         // the grid is bounded so that a sweep stays a sweep, not a batch job.
         const std::size_t nb = std::max<std::size_t>(1, req.batches.size()), ns = std::max<std::size_t>(1, req.seqs.size());
-        if (nb > kMaxSweepPoints / ns)
+        if (nb > static_cast<std::size_t>(kMaxSweepPoints) / ns)
             return Error{ErrorCode::InvalidArgument,
                          "--batches x --seqs: " + std::to_string(nb) + " x " + std::to_string(ns) + " points; a sweep runs at most " +
                              std::to_string(kMaxSweepPoints) + " estimates: give fewer batch sizes or sequence lengths (a fit needs a handful)",

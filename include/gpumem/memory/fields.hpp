@@ -106,8 +106,9 @@ const std::vector<std::pair<std::string, std::string>>& field_groups();
 // field and the fix.
 Result<nlohmann::json> canonical_value(const Field& f, const nlohmann::json& raw);
 
-// Most points one sweep may ask for (batches x seqs), and why.
-inline constexpr std::int64_t kMaxSweepPoints = 4096;
+// Most points one sweep may ask for (batches x seqs): each is a whole estimate,
+// up to ~1 s simulated for an 8B model, so 256 points bound a sweep to minutes.
+inline constexpr std::int64_t kMaxSweepPoints = 256;
 
 // Reads a request body for a command: keys are field names ('-' or '_');
 // an unknown key or one that does not apply to the command is an error with

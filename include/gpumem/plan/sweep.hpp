@@ -36,6 +36,7 @@
 
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/estimate.hpp"
+#include "gpumem/memory/fields.hpp"
 #include "gpumem/memory/request.hpp"
 
 namespace gpumem {
@@ -88,9 +89,8 @@ struct SweepResult {
 // Loads the model once and estimates every point. Errors: a non-positive or
 // duplicate value (field "batch" / "seq"), and the first point whose estimate
 // fails (its message prefixed with the point, e.g. "batch 4, seq 8192: ...").
-// The most points (batch sizes x sequence lengths) one sweep runs: each is a
-// whole estimate; a larger grid is an error naming --batches / --seqs.
-inline constexpr std::size_t kMaxSweepPoints = 256;
+// The most points one sweep runs is kMaxSweepPoints (gpumem/memory/fields.hpp):
+// each is a whole estimate; a larger grid is an error naming --batches / --seqs.
 
 Result<SweepResult> sweep(const SweepRequest& req);
 
