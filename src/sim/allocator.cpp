@@ -772,6 +772,33 @@ struct CachingAllocator::Impl {
         return out;
     }
 
+    void signature(std::vector<std::int64_t>& out, const std::function<std::int64_t(BlockHandle)>& label) const {
+        std::vector<const Block*> hs = heads();
+        std::sort(hs.begin(), hs.end(), [](const Block* a, const Block* c) { return a->addr < c->addr; });
+        out.push_back(static_cast<std::int64_t>(hs.size()));
+        for (const Block* head : hs) {
+            const std::int64_t base = head->es ? head->es->base : head->addr;
+            out.push_back(-1);  // segment separator
+            out.push_back(head->stream);
+            out.push_back(head->pool->is_small ? 1 : 0);
+            if (head->es) {
+                out.push_back(head->es->size);
+                out.push_back(head->es->page);
+                out.push_back(head->es->mapped);
+            } else {
+                out.push_back(0);
+            }
+            for (const Block* b = head; b; b = b->next) {
+                out.push_back(b->addr - base);
+                out.push_back(b->size);
+                out.push_back(b->requested);
+                out.push_back((b->allocated ? 1 : 0) | (b->mapped ? 2 : 0));
+                if (b->allocated) out.push_back(label((static_cast<std::int64_t>(b->gen) << 32) | static_cast<std::int64_t>(b->slot)));
+                else if (gc_enabled && b->mapped) out.push_back(b->pool->get_free_blocks_call_count - b->gc_count_base);
+            }
+        }
+    }
+
     [[noreturn]] static void violation(const std::string& what) {
         throw std::logic_error("CachingAllocator invariant violated: " + what);
     }
@@ -905,5 +932,8 @@ std::vector<SegmentInfo> CachingAllocator::segments() const { return impl_->segm
 const AllocatorConfig& CachingAllocator::config() const { return impl_->cfg; }
 Bytes CachingAllocator::round_size(Bytes size) const { return Bytes(impl_->round_size(size.count())); }
 void CachingAllocator::check_invariants() const { impl_->check_invariants(); }
+void CachingAllocator::signature(std::vector<std::int64_t>& out, const std::function<std::int64_t(BlockHandle)>& label) const {
+    impl_->signature(out, label);
+}
 
 }  // namespace gpumem::sim

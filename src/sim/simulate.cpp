@@ -60,7 +60,9 @@ Kind kind_of(const std::string& label) {
 
 }  // namespace
 
-Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req) {
+Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req) { return simulate_estimate(g, req, SimulateOptions{}); }
+
+Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req, const SimulateOptions& sopt) {
     if (req.analytic || g.params_only > 0) return estimate(g, req);
     auto analytic = analytic_estimate(g, req);
     if (!analytic) return analytic;
@@ -96,35 +98,50 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         sim::ReplayResult rep;
         std::optional<sim::OomInfo> oom;
         std::int64_t oom_event = -1, chosen = -1;
+        std::string oom_phase;
         for (const std::int64_t stage : candidates) {
             sim::StepTraceOptions so;
             so.parallel = &par;
             so.stage = stage;
             so.cublas_workspaces = pytorch;
             so.cublas_workspace = req.cublas_workspace.value_or(j.gpu.cublas_workspace);
-            sim::StepTrace trace;
-            try {
-                trace = sim::build_step_trace(g, j, so);
-            } catch (const sim::TraceTooLarge& e) {
-                // Too long to simulate within bounded time and memory: the analytic
-                // estimate (what --analytic prints), said so.
-                r.warnings.push_back(std::string("step simulation skipped: ") + e.what() +
-                                     " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
-                r.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
-                return r;
-            }
+            so.all_micro_batches = sopt.full_replay;
             // Replay against the GPU's capacity: the allocator frees its cache and
             // retries before it fails, so this decides whether the job fits. When
             // it does not, replay again without a limit to report what it needs.
-            // (The first replay stops at the OOM: only where and how it failed is used.)
+            // (The first replay stops at the OOM: only where and how it failed is
+            // used.) The trace's steady-state cuts hold for the replay settings
+            // it was built with, so the second replay gets its own trace.
             ro.capacity = capacity;
             ro.stop_at_oom = true;
+            auto build = [&]() -> std::optional<sim::StepTrace> {
+                so.steady_state = &ro;
+                try {
+                    return sim::build_step_trace(g, j, so);
+                } catch (const sim::TraceTooLarge& e) {
+                    // Too long to simulate within bounded time and memory: the analytic
+                    // estimate (what --analytic prints), said so.
+                    r.warnings.push_back(std::string("step simulation skipped: ") + e.what() +
+                                         " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
+                    r.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
+                    return std::nullopt;
+                }
+            };
+            std::optional<sim::StepTrace> built = build();
+            if (!built) return r;
+            sim::StepTrace trace = std::move(*built);
             sim::ReplayResult one = sim::replay(trace.trace, ro);
             std::optional<sim::OomInfo> one_oom = one.oom;
-            const std::int64_t one_event = one.oom_event;
+            std::int64_t one_event = -1;
+            std::string one_phase;
             if (one_oom) {
+                one_event = trace.trace.full_index(one.oom_event);
+                one_phase = sim::phase_name(trace.trace.events[static_cast<std::size_t>(one.oom_event)].phase);
                 ro.capacity = Bytes(INT64_MAX / 4);
                 ro.stop_at_oom = false;
+                built = build();
+                if (!built) return r;
+                trace = std::move(*built);
                 one = sim::replay(trace.trace, ro);
             }
             StageMemory& sm = par.stages[static_cast<std::size_t>(stage)];
@@ -139,6 +156,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                 rep = std::move(one);
                 oom = one_oom;
                 oom_event = one_event;
+                oom_phase = one_phase;
             }
         }
         par.most_loaded = chosen;
@@ -155,7 +173,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         SimulationSummary s;
         s.allocator = to_string(req.allocator);
         s.alloc_conf = conf.value().to_string();
-        s.events = static_cast<std::int64_t>(st.trace.events.size());
+        s.events = rep.events;
         s.peak_phase = sim::phase_name(rep.peak_phase);
         s.peak_step = rep.peak_step;
         s.fragmentation_at_peak = rep.fragmentation_at_peak;
@@ -182,13 +200,15 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         }
         if (oom) {
             s.oom = true;
-            s.oom_detail = "on this GPU PyTorch would run out of memory at event " + std::to_string(oom_event) + " (" +
-                           std::string(sim::phase_name(st.trace.events[static_cast<std::size_t>(oom_event)].phase)) +
+            s.oom_detail = "on this GPU PyTorch would run out of memory at event " + std::to_string(oom_event) + " (" + oom_phase +
                            "): tried to allocate " + format_bytes(oom->requested) + " with " + format_bytes(oom->allocated) +
                            " allocated and " + format_bytes(oom->reserved) + " reserved of " + format_bytes(oom->capacity) +
                            " available; the peaks shown are what the job needs";
         }
         s.notes = st.notes;
+        if (rep.phases_left_out > 0)
+            s.notes.push_back("per-phase rows: " + std::to_string(rep.phases_left_out) +
+                              " rows of the steady state's repeated micro-batches not listed (they repeat the rows before them)");
 
         // Live memory at the allocated peak, by kind (requested bytes).
         std::array<Bytes, kKinds> by_kind{};

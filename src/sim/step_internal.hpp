@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -43,10 +44,14 @@ public:
         refs_.push_back(1);
         push({TraceEvent::Kind::Alloc, phase, stream, id, size, label, step});
         live_ += size;
+        if (track_) live_ids_.insert(id);
         return id;
     }
+    // A reference on a tensor already freed (selective recompute re-saving an
+    // input the forward let go) holds nothing: it must not free it twice
+    // (a second Free event, and live bytes counted down twice).
     void ref(std::int64_t id) {
-        if (id > 0) ++refs_[static_cast<std::size_t>(id)];
+        if (id > 0 && refs_[static_cast<std::size_t>(id)] > 0) ++refs_[static_cast<std::size_t>(id)];
     }
     void unref(std::int64_t id) {
         if (id <= 0) return;
@@ -56,6 +61,7 @@ public:
             const Bytes s = sizes_[static_cast<std::size_t>(id)];
             push({TraceEvent::Kind::Free, phase, 0, id, s, -1, step});
             live_ -= s;
+            if (track_) live_ids_.erase(id);
         }
     }
     void transient(Bytes size, std::int32_t label) { unref(alloc(size, label)); }
@@ -63,6 +69,26 @@ public:
     // torch.cuda.empty_cache(): cached blocks of the general pool go back to the driver.
     void empty_cache() { push({TraceEvent::Kind::EmptyCache, phase, 0, 0, Bytes(0), -1, step}); }
     [[nodiscard]] Bytes live() const { return live_; }
+    [[nodiscard]] std::int64_t next_id() const { return static_cast<std::int64_t>(sizes_.size()); }
+    // Steady-state detection: the references the program holds on each live
+    // tensor (named as StateProbe names them), which decide when it is freed.
+    void track_live() {
+        track_ = true;
+        for (std::size_t i = 1; i < refs_.size(); ++i)
+            if (refs_[i] > 0) live_ids_.insert(static_cast<std::int64_t>(i));
+    }
+    void append_refs(std::vector<std::int64_t>& out, std::int64_t base_id) const {
+        const std::int64_t next = next_id();
+        std::vector<std::pair<std::int64_t, std::int64_t>> v;
+        v.reserve(live_ids_.size());
+        for (auto id : live_ids_) v.emplace_back(id < base_id ? id : id - next, refs_[static_cast<std::size_t>(id)]);
+        std::sort(v.begin(), v.end());
+        out.push_back(static_cast<std::int64_t>(v.size()));
+        for (const auto& [k, r] : v) {
+            out.push_back(k);
+            out.push_back(r);
+        }
+    }
     std::int32_t label(std::string s) { return t_.add_label(std::move(s)); }
 
 private:
@@ -74,6 +100,8 @@ private:
     std::vector<Bytes> sizes_;
     std::vector<std::int32_t> refs_;
     Bytes live_;
+    bool track_ = false;
+    std::set<std::int64_t> live_ids_;
 };
 
 // Facts of one block resolved for the job and a sequence length.
@@ -143,6 +171,8 @@ public:
         : g_(g), job_(job), opt_(opt), out_(out), em_(out.trace) {}
 
     void run();
+    // Thrown by run() when steady-state detection finds no period in its window.
+    struct NoSteadyState {};
 
 private:
     Instance forward(const BlockPlan& p, std::int64_t input, bool input_rg, bool grad_mode, bool keep_saves, Bytes next_gather);

@@ -4,6 +4,8 @@
 // build_step_trace(), the entry point (see gpumem/sim/step.hpp).
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <unordered_map>
 
 #include "gpumem/memory/features.hpp"
 #include "step_internal.hpp"
@@ -286,17 +288,43 @@ void StepBuilder::run() {
     rank_setup();
     const Bytes after_setup = em_.live();
     const std::int64_t m = job_.req.grad_accum;
-    // Micro-batches beyond the schedule's steady state allocate and free what
-    // earlier ones did (pipeline_steady_micro_batches); the allocator's cache
-    // can still settle over a few dozen more (a segment more or less, tests/
-    // invariants_test.cpp), so up to kFullMicroBatches run in full.
+    const bool steady = opt_.steady_state != nullptr && !opt_.all_micro_batches;
+    // Without steady-state detection: micro-batches beyond the schedule's
+    // steady state allocate and free what earlier ones did
+    // (pipeline_steady_micro_batches); the allocator's cache can still settle
+    // over a few dozen more (a segment more or less), so up to
+    // kFullMicroBatches run in full (approximate).
     constexpr std::int64_t kFullMicroBatches = 64;
-    const std::int64_t m_sim =
-        opt_.all_micro_batches ? m : std::max(pipeline_steady_micro_batches(pp_, vpp_, m, rank_), std::min(m, kFullMicroBatches - kFullMicroBatches % pp_));
+    const std::int64_t m_sim = opt_.all_micro_batches || steady
+                                   ? m
+                                   : std::max(pipeline_steady_micro_batches(pp_, vpp_, m, rank_), std::min(m, kFullMicroBatches - kFullMicroBatches % pp_));
     if (m_sim < m)
         out_.notes.push_back("grad-accum " + std::to_string(m) + ": micro-batches after the first " + std::to_string(m_sim) +
-                             " allocate and free what earlier ones did; " + std::to_string(m_sim) + " simulated per step");
+                             " allocate and free what earlier ones did; " + std::to_string(m_sim) + " simulated per step (approximate)");
     const std::vector<PipelineOp> schedule = pipeline_schedule(pp_, vpp_, m_sim, rank_);
+    const auto n_ops = static_cast<std::int64_t>(schedule.size());
+    // Steady-state detection (StepTraceOptions::steady_state): boundaries from
+    // `warm` on are compared, at most `window` of them. Tensors allocated
+    // before the base boundary are named by id, later ones by age; the base
+    // moves on every `rebase` boundaries without a match (a tensor that lives
+    // to the step's end, made after the base, would never look the same).
+    const std::int64_t warm = 2 * pp_ * vpp_ + 2;
+    const std::int64_t window = 16 * pp_ * vpp_ + 128;
+    const std::int64_t rebase = 8 * pp_ * vpp_ + 32;
+    const bool detect = steady && n_ops > warm + 4;
+    std::optional<StateProbe> probe;
+    if (detect) {
+        probe.emplace(*opt_.steady_state);
+        em_.track_live();
+    }
+    auto same_kind = [&](const PipelineOp& a, const PipelineOp& b) {
+        return a.forward == b.forward && a.chunk == b.chunk && (a.forward || (a.micro_batch != m - 1 && b.micro_batch != m - 1));
+    };
+    auto hash_of = [](const std::vector<std::int64_t>& v) {
+        std::uint64_t h = 1469598103934665603ULL;
+        for (auto x : v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ULL;
+        return h;
+    };
     for (int s = 0; s < opt_.steps; ++s) {
         em_.step = s;
         // torch.compile(mode="reduce-overhead") warms up in the first step and
@@ -305,7 +333,61 @@ void StepBuilder::run() {
         out_.steps.push_back({});
         out_.steps.back().after_setup = after_setup;
         std::map<std::pair<std::int64_t, std::int64_t>, std::vector<Instance>> inflight;
-        for (const PipelineOp& op : schedule) {
+        struct Boundary {
+            std::int64_t op, event;
+            std::vector<std::int64_t> sig;
+        };
+        std::vector<Boundary> seen;
+        std::unordered_map<std::uint64_t, std::vector<std::size_t>> by_hash;
+        std::int64_t base_id = 0;
+        bool cut = !detect;
+        for (std::int64_t x = 0; x < n_ops; ++x) {
+            if (!cut && x >= warm && (x - warm) % rebase == 0) {
+                base_id = em_.next_id();
+                seen.clear();
+                by_hash.clear();
+            }
+            if (!cut && x >= warm) {
+                if (x > warm + window) throw NoSteadyState{};
+                probe->feed(out_.trace);
+                Boundary b{x, static_cast<std::int64_t>(out_.trace.events.size()), probe->signature(base_id, em_.next_id())};
+                em_.append_refs(b.sig, base_id);
+                const std::uint64_t h = hash_of(b.sig);
+                for (const std::size_t k : by_hash[h]) {
+                    const Boundary& j = seen[k];
+                    if (j.sig != b.sig) continue;
+                    // The state at x is the state at j.op: the schedule from x
+                    // on repeats the d chunks since j.op (micro-batches shifted
+                    // by `delta`) up to `end`.
+                    const std::int64_t d = x - j.op;
+                    const std::int64_t delta = schedule[static_cast<std::size_t>(x)].micro_batch - schedule[static_cast<std::size_t>(j.op)].micro_batch;
+                    std::int64_t end = x;
+                    while (end < n_ops) {
+                        const PipelineOp& a = schedule[static_cast<std::size_t>(end)];
+                        const PipelineOp& p = schedule[static_cast<std::size_t>(end - d)];
+                        if (!same_kind(a, p) || a.micro_batch - p.micro_batch != delta) break;
+                        ++end;
+                    }
+                    const std::int64_t periods = (end - x) / d;
+                    if (periods < 1) continue;
+                    out_.trace.cuts.push_back(TraceCut{j.event, b.event, periods});
+                    std::map<std::pair<std::int64_t, std::int64_t>, std::vector<Instance>> moved;
+                    for (auto& [key, v] : inflight) moved[std::make_pair(key.first + periods * delta, key.second)] = std::move(v);
+                    inflight = std::move(moved);
+                    x += periods * d;
+                    cut = true;
+                    break;
+                }
+                if (!cut) {
+                    by_hash[h].push_back(seen.size());
+                    seen.push_back(std::move(b));
+                } else {
+                    seen.clear();
+                    by_hash.clear();
+                    if (x >= n_ops) break;
+                }
+            }
+            const PipelineOp& op = schedule[static_cast<std::size_t>(x)];
             const auto key = std::make_pair(op.micro_batch, op.chunk);
             if (op.forward) {
                 inflight[key] = forward_chunk(op.chunk);
@@ -328,19 +410,33 @@ void StepBuilder::run() {
 
 }  // namespace detail
 
-StepTrace build_step_trace(const ModelGraph& g_in, const Job& job, const StepTraceOptions& opt) {
-    const ModelGraph& g = job_graph(g_in, job);
+namespace {
+
+StepTrace run_builder(const ModelGraph& g, const Job& job, const StepTraceOptions& opt) {
     StepTrace out;
-    if (opt.parallel) {
+    try {
         detail::StepBuilder(g, job, opt, out).run();
         return out;
+    } catch (const detail::StepBuilder::NoSteadyState&) {
     }
+    // No period found in the detection window: the 64-micro-batch cut.
+    StepTraceOptions o = opt;
+    o.steady_state = nullptr;
+    out = StepTrace{};
+    detail::StepBuilder(g, job, o, out).run();
+    return out;
+}
+
+}  // namespace
+
+StepTrace build_step_trace(const ModelGraph& g_in, const Job& job, const StepTraceOptions& opt) {
+    const ModelGraph& g = job_graph(g_in, job);
+    if (opt.parallel) return run_builder(g, job, opt);
     // One rank of the job's layout (the whole model on one GPU).
     const ParallelResult par = parallel_memory(g, job);
     StepTraceOptions o = opt;
     o.parallel = &par;
-    detail::StepBuilder(g, job, o, out).run();
-    return out;
+    return run_builder(g, job, o);
 }
 
 }  // namespace gpumem::sim

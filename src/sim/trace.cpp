@@ -8,6 +8,7 @@
 #include "gpumem/sim/trace.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -35,6 +36,15 @@ const char* phase_name(Phase p) {
 std::int32_t Trace::add_label(std::string s) {
     labels.push_back(std::move(s));
     return static_cast<std::int32_t>(labels.size() - 1);
+}
+
+std::int64_t Trace::full_events() const { return full_index(static_cast<std::int64_t>(events.size())); }
+
+std::int64_t Trace::full_index(std::int64_t i) const {
+    std::int64_t out = i;
+    for (const TraceCut& c : cuts)
+        if (c.at <= i) out = checked_add(out, checked_mul(c.at - c.begin, c.copies));
+    return out;
 }
 
 namespace {
@@ -96,6 +106,9 @@ public:
     [[nodiscard]] Bytes private_free() const { return alloc_ ? alloc_->stats().reserved_private - alloc_->stats().allocated_private : Bytes(0); }
     [[nodiscard]] const AllocatorStats& stats() const { return alloc_ ? alloc_->stats() : stats_; }
     [[nodiscard]] const std::optional<OomInfo>& last_oom() const { return oom_; }
+    void signature(std::vector<std::int64_t>& out, const std::function<std::int64_t(BlockHandle)>& label) const {
+        if (alloc_) alloc_->signature(out, label);
+    }
 
 private:
     std::optional<CachingAllocator> alloc_;
@@ -142,10 +155,42 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     std::vector<std::uint8_t> accepted(static_cast<std::size_t>(n), 0);  // Alloc events that allocated
     std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
 
+    // Steady-state cuts: the per-phase rows of each cut's period, repeated
+    // where the left-out events would have run.
+    std::vector<std::vector<PhasePeak>> period_rows(trace.cuts.size());
+    auto add_row = [](std::vector<PhasePeak>& rows, const PhasePeak& r) {
+        if (!rows.empty() && rows.back().phase == r.phase && rows.back().step == r.step) {
+            rows.back().peak_allocated = max(rows.back().peak_allocated, r.peak_allocated);
+            rows.back().peak_reserved = max(rows.back().peak_reserved, r.peak_reserved);
+        } else {
+            rows.push_back(r);
+        }
+    };
+    res.events = trace.full_events();
+
     bool stop = false;
     for (std::int64_t i = 0; i < n && !stop; ++i) {
         check_budget();
         const TraceEvent& e = ev[static_cast<std::size_t>(i)];
+        for (std::size_t c = 0; c < trace.cuts.size(); ++c) {
+            const TraceCut& cut = trace.cuts[c];
+            if (cut.at != i) continue;
+            // (at most max_cut_phase_rows rows per cut)
+            const auto first_row = static_cast<std::int64_t>(res.phases.size());
+            for (std::int64_t k = 0; k < cut.copies; ++k) {
+                check_budget();
+                if (static_cast<std::int64_t>(res.phases.size()) - first_row >= opt.max_cut_phase_rows) {
+                    // The remaining copies' rows, counted (each copy adds as many as the last).
+                    const auto before = static_cast<std::int64_t>(res.phases.size());
+                    for (const PhasePeak& r : period_rows[c]) add_row(res.phases, r);
+                    const std::int64_t per_copy = static_cast<std::int64_t>(res.phases.size()) - before;
+                    res.phases.resize(static_cast<std::size_t>(before));
+                    res.phases_left_out = checked_add(res.phases_left_out, checked_mul(per_copy, cut.copies - k));
+                    break;
+                }
+                for (const PhasePeak& r : period_rows[c]) add_row(res.phases, r);
+            }
+        }
         switch (e.kind) {
             case TraceEvent::Kind::Alloc: {
                 if (live.count(e.id)) {
@@ -204,6 +249,14 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         PhasePeak& pp = res.phases.back();
         pp.peak_allocated = max(pp.peak_allocated, allocated);
         pp.peak_reserved = max(pp.peak_reserved, reserved);
+        for (std::size_t c = 0; c < trace.cuts.size(); ++c) {
+            const TraceCut& cut = trace.cuts[c];
+            if (i < cut.begin || i >= cut.at) continue;
+            auto& rows = period_rows[c];
+            if (i == cut.begin || new_phase) rows.push_back(PhasePeak{e.phase, e.step, allocated, reserved});
+            rows.back().peak_allocated = max(rows.back().peak_allocated, allocated);
+            rows.back().peak_reserved = max(rows.back().peak_reserved, reserved);
+        }
 
         if (max_points > 0) {
             const TimelinePoint pt{i, e.phase, e.step, allocated, reserved};
@@ -247,6 +300,8 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
             points.resize(static_cast<std::size_t>(max_points));
             std::sort(points.begin(), points.end(), by_event);
         }
+        if (!trace.cuts.empty())
+            for (auto& p : points) p.event = trace.full_index(p.event);
         res.timeline = std::move(points);
     }
 
@@ -288,6 +343,79 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         res.top_at_peak = std::move(all);
     }
     return res;
+}
+
+struct StateProbe::Impl {
+    explicit Impl(const ReplayOptions& o) : model(o), pytorch(o.mode == AllocatorMode::PyTorch) {}
+    Model model;
+    bool pytorch;
+    std::size_t cursor = 0;
+    std::unordered_map<std::int64_t, Live> live;
+    std::unordered_map<BlockHandle, std::int64_t> tensor_of;
+    std::unordered_set<std::int64_t> failed;
+};
+
+StateProbe::StateProbe(const ReplayOptions& opt) : impl_(new Impl(opt)) {}
+StateProbe::~StateProbe() { delete impl_; }
+
+void StateProbe::feed(const Trace& trace) {
+    Impl& s = *impl_;
+    for (; s.cursor < trace.events.size(); ++s.cursor) {
+        const TraceEvent& e = trace.events[s.cursor];
+        switch (e.kind) {
+            case TraceEvent::Kind::Alloc: {
+                if (s.live.count(e.id)) break;
+                auto h = s.model.malloc(e.size, e.stream);
+                if (!h) {
+                    s.failed.insert(e.id);
+                    break;
+                }
+                s.live.emplace(e.id, Live{*h, e.size});
+                if (s.pytorch) s.tensor_of[*h] = e.id;
+                break;
+            }
+            case TraceEvent::Kind::Free: {
+                auto it = s.live.find(e.id);
+                if (it == s.live.end()) {
+                    s.failed.erase(e.id);
+                    break;
+                }
+                s.model.free(it->second.handle, it->second.size);
+                if (s.pytorch) s.tensor_of.erase(it->second.handle);
+                s.live.erase(it);
+                break;
+            }
+            case TraceEvent::Kind::EmptyCache: s.model.empty_cache(); break;
+            case TraceEvent::Kind::PhaseMark: break;
+        }
+    }
+}
+
+std::vector<std::int64_t> StateProbe::signature(std::int64_t base_id, std::int64_t next_id) const {
+    const Impl& s = *impl_;
+    // Tensors of the periods: negative distances, apart from the ids before the base.
+    auto name = [&](std::int64_t id) { return id < base_id ? id : id - next_id; };
+    std::vector<std::int64_t> out;
+    std::vector<std::pair<std::int64_t, std::int64_t>> tensors;
+    tensors.reserve(s.live.size());
+    for (const auto& [id, l] : s.live) tensors.emplace_back(name(id), l.size.count());
+    std::sort(tensors.begin(), tensors.end());
+    out.push_back(static_cast<std::int64_t>(tensors.size()));
+    for (const auto& [k, v] : tensors) {
+        out.push_back(k);
+        out.push_back(v);
+    }
+    std::vector<std::int64_t> failed;
+    for (auto id : s.failed) failed.push_back(name(id));
+    std::sort(failed.begin(), failed.end());
+    out.push_back(static_cast<std::int64_t>(failed.size()));
+    out.insert(out.end(), failed.begin(), failed.end());
+    if (s.pytorch)
+        s.model.signature(out, [&](BlockHandle h) {
+            auto it = s.tensor_of.find(h);
+            return it == s.tensor_of.end() ? std::int64_t{INT64_MIN} : name(it->second);
+        });
+    return out;
 }
 
 }  // namespace gpumem::sim

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -133,6 +134,14 @@ public:
     [[nodiscard]] const AllocatorConfig& config() const;
     // The size a request is rounded to (round_size in the source).
     [[nodiscard]] Bytes round_size(Bytes size) const;
+    // Appends a canonical description of everything that decides the
+    // allocator's future behaviour: segments in address order (each by its
+    // rank, not its address: new segments always get higher addresses), their
+    // blocks by offset, size, requested bytes and state, an allocated block by
+    // `label(handle)`, a free block by its garbage-collection age when that is
+    // on. Two states with equal signatures answer the same requests alike
+    // (steady-state detection of the step simulation, sim/step.hpp).
+    void signature(std::vector<std::int64_t>& out, const std::function<std::int64_t(BlockHandle)>& label) const;
     // Walks every block list and checks stats against the blocks; throws
     // std::logic_error on a violation. Called after each operation in debug builds.
     void check_invariants() const;

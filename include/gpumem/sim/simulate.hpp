@@ -16,7 +16,16 @@
 
 namespace gpumem {
 
+// Internal settings of the simulation (tests).
+struct SimulateOptions {
+    // Replay every micro-batch instead of extrapolating from the steady state
+    // (sim/step.hpp StepTraceOptions::steady_state): what the extrapolation
+    // must equal.
+    bool full_replay = false;
+};
+
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req);
+Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req, const SimulateOptions& sopt);
 // Loads the model named by the request (or --params: analytic only).
 Result<EstimateResult> simulate_estimate(const EstimateRequest& req);
 

@@ -50,9 +50,20 @@ struct StepTraceOptions {
     Bytes cublas_workspace;         // size of one workspace (from the GPU)
     int max_decode_steps = 64;      // inference: decode steps simulated in full
     // Simulate every micro-batch instead of stopping at the schedule's steady
-    // state (pipeline_steady_micro_batches); tests use it to check that the
-    // micro-batches left out change nothing.
+    // state; tests use it to check that the micro-batches left out change nothing.
     bool all_micro_batches = false;
+    // Steady-state extrapolation of gradient accumulation and pipeline
+    // schedules, exact for a replay with these settings: at each boundary
+    // between the schedule's forward/backward chunks the trace so far is
+    // replayed (StateProbe) and the allocator and live-tensor state compared
+    // with earlier boundaries; once it repeats after d chunks and the schedule
+    // repeats too, the following whole periods would replay exactly what the
+    // last d chunks did, so they are left out (Trace::cuts records them and
+    // replay() reports what the full trace gives). Where the state has not
+    // repeated within a bounded number of chunks, the schedule is cut at 64
+    // micro-batches instead (approximate, said in the notes). Null: no
+    // detection, the 64-micro-batch cut.
+    const ReplayOptions* steady_state = nullptr;
     // Distributed layouts: simulate one GPU of pipeline stage `stage` (the
     // analytic model's stage assignment and activation scaling).
     const ParallelResult* parallel = nullptr;

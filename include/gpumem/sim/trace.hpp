@@ -36,10 +36,27 @@ struct TraceEvent {
     std::int32_t step = 0;     // training step (0 = first)
 };
 
+// Steady-state extrapolation (sim/step.hpp): the trace left out `copies`
+// repetitions of its events [begin, at) just before event `at`. Replayed from
+// the allocator state at `at`, which was found equal to the state at `begin`,
+// they would repeat exactly what [begin, at) did, so replay() reports what the
+// full trace gives: the left-out events counted, their per-phase rows
+// repeated, event indices after `at` shifted.
+struct TraceCut {
+    std::int64_t begin = 0;
+    std::int64_t at = 0;
+    std::int64_t copies = 0;
+};
+
 struct Trace {
     std::vector<TraceEvent> events;
     std::vector<std::string> labels;  // "layers.3.mlp.down_proj (activation)", ...
+    std::vector<TraceCut> cuts;       // in order of `at`
     std::int32_t add_label(std::string s);
+    // Events of the full trace: events.size() plus those the cuts left out.
+    [[nodiscard]] std::int64_t full_events() const;
+    // The index in the full trace of event `i` of this one.
+    [[nodiscard]] std::int64_t full_index(std::int64_t i) const;
 };
 
 enum class AllocatorMode { PyTorch, None };
@@ -56,6 +73,10 @@ struct ReplayOptions {
     // After an OOM every failing allocation walks the whole cache (emptyCache
     // before the retry), which on a large trace costs minutes.
     bool stop_at_oom = false;
+    // Rows of ReplayResult::phases repeated for one steady-state cut stop at
+    // this many rows (the rows left out repeat the ones shown): a job of 10^6
+    // micro-batches would otherwise list millions.
+    std::int64_t max_cut_phase_rows = 2048;
 };
 
 struct TimelinePoint {
@@ -83,7 +104,8 @@ struct PhasePeak {
 struct ReplayResult {
     Bytes peak_allocated;
     Bytes peak_reserved;
-    std::int64_t peak_event = -1;          // event index of the allocated peak
+    std::int64_t events = 0;               // events of the full trace (Trace::full_events)
+    std::int64_t peak_event = -1;          // event index of the allocated peak (Trace::full_index maps it)
     Phase peak_phase = Phase::Replay;
     std::int32_t peak_step = 0;
     Bytes final_allocated;
@@ -96,7 +118,8 @@ struct ReplayResult {
     Bytes graph_pool_free_at_reserved_peak;
     std::vector<LiveTensor> top_at_peak;   // largest live tensors at the peak
     std::vector<PhasePeak> phases;         // per (step, phase), in trace order
-    std::vector<TimelinePoint> timeline;
+    std::int64_t phases_left_out = 0;      // rows of steady-state cuts not listed (max_cut_phase_rows)
+    std::vector<TimelinePoint> timeline;   // events: indices in the full trace
     std::optional<OomInfo> oom;            // first OOM, if the trace did not fit
     std::int64_t oom_event = -1;
     std::int64_t failed_allocs = 0;        // allocations that hit OOM (skipped, with their frees)
@@ -106,5 +129,24 @@ struct ReplayResult {
 };
 
 ReplayResult replay(const Trace& trace, const ReplayOptions& opt);
+
+// Replays a trace as it grows (the step builder feeds it at each period
+// boundary) and describes the state everything after depends on: the
+// allocator's (CachingAllocator::signature) and the live tensors, each named
+// by its id when allocated before `base_id`, else by its distance from
+// `next_id` (the same tensor of a later period has the same distance).
+class StateProbe {
+public:
+    explicit StateProbe(const ReplayOptions& opt);
+    ~StateProbe();
+    StateProbe(const StateProbe&) = delete;
+    StateProbe& operator=(const StateProbe&) = delete;
+    void feed(const Trace& trace);  // the events added since the last call
+    [[nodiscard]] std::vector<std::int64_t> signature(std::int64_t base_id, std::int64_t next_id) const;
+
+private:
+    struct Impl;
+    Impl* impl_;
+};
 
 }  // namespace gpumem::sim

@@ -1,0 +1,101 @@
+// Steady-state extrapolation of the step simulation (sim/step.hpp
+// StepTraceOptions::steady_state): what `estimate --format json` prints with
+// the periods left out must be what a replay of every micro-batch prints, on a
+// generated grid of models, gradient accumulation, pipeline sizes, allocator
+// settings and recompute. A failing job is printed as its gpumem command.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpumem/memory/job.hpp"
+#include "gpumem/report/render.hpp"
+#include "gpumem/sim/simulate.hpp"
+#include "gpumem/sim/step.hpp"
+#include "job_grid.hpp"
+
+namespace gpumem {
+namespace {
+
+std::string json_of(const EstimateRequest& r, bool full) {
+    SimulateOptions o;
+    o.full_replay = full;
+    auto res = simulate_estimate(test::grid_model(r.model), r, o);
+    if (!res) return "error: " + res.error().message;
+    return estimate_to_json(res.value()).dump(1);
+}
+
+// The first line where two outputs differ, for the failure message.
+std::string first_difference(const std::string& a, const std::string& b) {
+    std::size_t i = 0, line = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) {
+        if (a[i] == '\n') line = i + 1;
+        ++i;
+    }
+    auto upto = [&](const std::string& s) { return s.substr(line, s.find('\n', line) - line); };
+    return "extrapolated: " + upto(a) + "\n    full replay: " + upto(b);
+}
+
+// Whether the extrapolated trace of one rank really left periods out.
+bool was_cut(const EstimateRequest& r) {
+    const ModelGraph& g = test::grid_model(r.model);
+    const Job job = resolve_job(g, r).value();
+    sim::ReplayOptions ro;
+    ro.config = sim::AllocatorConfig::parse(r.alloc_conf).value();
+    sim::StepTraceOptions so;
+    so.cublas_workspace = job.gpu.cublas_workspace;
+    so.steady_state = &ro;
+    return !sim::build_step_trace(g, job, so).trace.cuts.empty();
+}
+
+void expect_same(const EstimateRequest& r, int& cut, int& total) {
+    const std::string a = json_of(r, false), b = json_of(r, true);
+    ++total;
+    if (r.parallel.pp == 1 && was_cut(r)) ++cut;
+    EXPECT_TRUE(a == b) << request_to_command(r) << "\n    " << first_difference(a, b);
+}
+
+// The grid of the issue: small configurations of gpt2 and llama-3-8b,
+// gradient accumulation 1..40, pp 1..4 (1F1B), allocator settings, recompute.
+TEST(SteadyState, ExtrapolationEqualsFullReplay) {
+    const std::vector<std::string> confs = {"", "expandable_segments:True", "max_split_size_mb:64", "garbage_collection_threshold:0.6",
+                                            "roundup_power2_divisions:4"};
+    test::Rng rng(2015);
+    int cut = 0, total = 0;
+    for (const std::string model : {"gpt2", "llama-3-8b"}) {
+        for (std::int64_t ga = 1; ga <= 40; ++ga) {
+            EstimateRequest r;
+            r.model = model;
+            r.seq = model == std::string("gpt2") ? 256 : 64;
+            r.batch = 1 + rng.below(2);
+            r.grad_accum = ga;
+            r.alloc_conf = rng.pick(confs);
+            r.recompute = rng.chance(50) ? Recompute::Full : Recompute::None;
+            const std::int64_t pp = 1 + rng.below(4);
+            r.parallel.gpus = pp;
+            r.parallel.pp = pp;
+            if (!test::grid_valid(r)) continue;
+            expect_same(r, cut, total);
+        }
+    }
+    EXPECT_GE(total, 60);
+    EXPECT_GE(cut, 10) << "the extrapolation should leave periods out of most long single-GPU jobs";
+}
+
+// The invariant grids' jobs (every layout kind, ZeRO/FSDP, no_sync, the
+// optimizer in backward, CUDA graphs, ...) with long gradient accumulation.
+TEST(SteadyState, GridJobsEqualFullReplay) {
+    int cut = 0, total = 0;
+    for (const auto kind : {test::GridKind::Single, test::GridKind::Pipeline}) {
+        for (auto j : test::job_grid(kind, 40, 31)) {
+            if (j.req.mode != Mode::Train) continue;
+            j.req.grad_accum = 24 + static_cast<std::int64_t>(total % 17);
+            if (!test::grid_valid(j.req)) continue;
+            expect_same(j.req, cut, total);
+        }
+    }
+    EXPECT_GE(total, 30);
+}
+
+}  // namespace
+}  // namespace gpumem
