@@ -82,23 +82,7 @@ std::string error_of(const R& r) {
 test::CliResult cli(const std::string& args, long vmem_kib = 0) {
     std::string cmd = "timeout 60 " + std::string(GPUMEM_CLI_PATH) + " " + args;
     if (vmem_kib > 0) cmd = "(ulimit -v " + std::to_string(vmem_kib) + "; exec " + cmd + ")";
-    static int counter = 0;
-    const std::string errfile =
-        std::string(::testing::TempDir()) + "gpumem_hostile_err_" + std::to_string(getpid()) + "_" + std::to_string(++counter);
-    test::CliResult r;
-    FILE* p = popen(("exec 2>" + errfile + "; " + cmd).c_str(), "r");
-    if (!p) return r;
-    char buf[4096];
-    std::size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = pclose(p);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream e(errfile);
-    std::stringstream ss;
-    ss << e.rdbuf();
-    r.err = ss.str();
-    std::remove(errfile.c_str());
-    return r;
+    return test::run_shell(cmd);
 }
 
 void expect_exit2(const test::CliResult& r, const std::string& must_contain) {

@@ -30,11 +30,11 @@ struct CliResult {
     std::string err;  // stderr
 };
 
-// Runs build/gpumem with the given argument string (shell-quoted by the caller).
-inline CliResult run_cli(const std::string& args) {
+// Runs a shell command line and collects its stdout, stderr and exit status.
+inline CliResult run_shell(const std::string& command) {
     static int counter = 0;
     const std::string errfile = std::string(::testing::TempDir()) + "gpumem_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(++counter);
-    const std::string cmd = std::string(GPUMEM_CLI_PATH) + " " + args + " 2>" + errfile;
+    const std::string cmd = "exec 2>" + errfile + "; " + command;
     CliResult r;
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return r;
@@ -50,6 +50,9 @@ inline CliResult run_cli(const std::string& args) {
     std::remove(errfile.c_str());
     return r;
 }
+
+// Runs build/gpumem with the given argument string (shell-quoted by the caller).
+inline CliResult run_cli(const std::string& args) { return run_shell(std::string(GPUMEM_CLI_PATH) + " " + args); }
 
 // The Hugging Face config.json of an oracle case (oracle/activations_oracle.py
 // gpt2_config / llama_config keys -> transformers' config keys).

@@ -74,8 +74,9 @@ std::string read_input_file(const std::string& path, std::int64_t cap, std::stri
     return out;
 }
 
-void check_json_depth(std::string_view text, std::string_view origin, int max_depth) {
+void check_json_text(std::string_view text, std::string_view origin, int max_depth, std::size_t max_values) {
     int depth = 0;
+    std::size_t values = 1;
     bool in_string = false;
     for (std::size_t i = 0; i < text.size(); ++i) {
         const char c = text[i];
@@ -84,8 +85,17 @@ void check_json_depth(std::string_view text, std::string_view origin, int max_de
             else if (c == '"') in_string = false;
             continue;
         }
-        if (c == '"') in_string = true;
-        else if (c == '[' || c == '{') {
+        if (c == '"') {
+            in_string = true;
+            continue;
+        }
+        if (c == ',' || c == '[' || c == '{') {
+            if (++values > max_values)
+                fail(ErrorCode::InvalidArgument, "",
+                     std::string(origin) + ": more than " + std::to_string(max_values) +
+                         " JSON values; no gpumem request holds that many, check the request");
+        }
+        if (c == '[' || c == '{') {
             if (++depth > max_depth)
                 fail(ErrorCode::ParseError, std::string(origin),
                      std::string(origin) + ": JSON nested deeper than " + std::to_string(max_depth) + " levels at byte " +
@@ -94,6 +104,10 @@ void check_json_depth(std::string_view text, std::string_view origin, int max_de
             if (depth > 0) --depth;
         }
     }
+}
+
+void check_json_depth(std::string_view text, std::string_view origin, int max_depth) {
+    check_json_text(text, origin, max_depth, static_cast<std::size_t>(-1));
 }
 
 std::int64_t parse_int_in_range(std::string_view text, std::string_view field, std::int64_t lo, std::int64_t hi) {

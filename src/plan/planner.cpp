@@ -231,9 +231,7 @@ void parallel_for(std::size_t n, int requested, F&& work) {
     std::mutex failed_mutex;
     std::exception_ptr failed;
     const std::optional<WorkBudget::Share> budget = WorkBudget::current_share();
-    auto body = [&] {
-        std::optional<WorkBudget> mine;
-        if (budget) mine.emplace(*budget);
+    auto drain = [&] {  // take items until none are left; the first failure stops everyone
         for (std::size_t i = next++; i < n; i = next++) {
             try {
                 work(i);
@@ -244,6 +242,11 @@ void parallel_for(std::size_t n, int requested, F&& work) {
             }
         }
     };
+    auto body = [&] {
+        std::optional<WorkBudget> mine;
+        if (budget) mine.emplace(*budget);
+        drain();
+    };
     std::vector<std::thread> pool;
     pool.reserve(want > 0 ? want - 1 : 0);
     for (std::size_t t = 1; t < want; ++t) {
@@ -253,18 +256,7 @@ void parallel_for(std::size_t n, int requested, F&& work) {
             break;  // the system has no more threads for us: run on those we have
         }
     }
-    {
-        // The calling thread takes items too (its own budget is already installed).
-        for (std::size_t i = next++; i < n; i = next++) {
-            try {
-                work(i);
-            } catch (...) {
-                const std::lock_guard<std::mutex> lock(failed_mutex);
-                if (!failed) failed = std::current_exception();
-                next = n;
-            }
-        }
-    }
+    drain();  // the calling thread takes items too (its own budget is already installed)
     for (auto& th : pool) th.join();
     if (failed) std::rethrow_exception(failed);
 }

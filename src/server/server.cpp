@@ -94,25 +94,7 @@ std::string host_for_url(const std::string& host) {
 
 // Refuses JSON text nested deeper than kMaxJsonDepth or holding more than
 // kMaxJsonValues values, before it is parsed. Linear, no recursion.
-void check_json_text(std::string_view text) {
-    check_json_depth(text, "request body");
-    std::size_t values = 1;
-    bool in_string = false;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (in_string) {
-            if (c == '\\') ++i;
-            else if (c == '"') in_string = false;
-            continue;
-        }
-        if (c == '"') in_string = true;
-        else if (c == ',' || c == '[' || c == '{') {
-            if (++values > kMaxJsonValues)
-                fail(ErrorCode::InvalidArgument, "", "request body: more than " + std::to_string(kMaxJsonValues) +
-                                                         " JSON values; no gpumem request holds that many, check the request");
-        }
-    }
-}
+void check_json_text(std::string_view text) { gpumem::check_json_text(text, "request body", kMaxJsonDepth, kMaxJsonValues); }
 
 // ---------------------------------------------------------------------------
 // One connection's state, shared by its Stream (which detects the limits) and

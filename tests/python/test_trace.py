@@ -36,16 +36,17 @@ def load(path, name):
 def cpu_saved_bytes(model, args, loss_fn):
     """The CPU oracle's count (saved_tensors_hooks, deduplicated by storage,
     parameters left out), independent of the tracer."""
-    excl = {p.storage().data_ptr() for p in model.parameters()} | {b.storage().data_ptr() for b in model.buffers()}
+    storage = (lambda t: t.untyped_storage()) if hasattr(torch.Tensor, "untyped_storage") else (lambda t: t.storage())
+    excl = {storage(p).data_ptr() for p in model.parameters()} | {storage(b).data_ptr() for b in model.buffers()}
     packed = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t), \
             tracer._cuda_dropout(torch):
         loss_fn(model(*args))
     seen = {}
     for t in packed:
-        k = t.storage().data_ptr()
+        k = storage(t).data_ptr()
         if k not in excl:
-            seen.setdefault(k, t.storage().nbytes())
+            seen.setdefault(k, storage(t).nbytes())
     return sum(seen.values())
 
 

@@ -14,6 +14,7 @@
 // Errors are InputErrors naming the file or field and the limit (docs/security.md).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -45,6 +46,11 @@ std::int64_t check_input_file(const std::string& path, std::int64_t cap, std::st
 // Throws InputError naming `origin` when `text` (JSON) nests deeper than
 // `max_depth` arrays/objects. Linear, no recursion; strings are skipped.
 void check_json_depth(std::string_view text, std::string_view origin, int max_depth = kMaxJsonDepth);
+// check_json_depth, and also refuses text holding more than `max_values` JSON
+// values (counted at every ',', '[' and '{' outside strings): the service's
+// bound on what one request body may build. Linear, no recursion.
+void check_json_text(std::string_view text, std::string_view origin, int max_depth, std::size_t max_values);
+
 // Text given as a std::string or literal is text (not a JSON string value:
 // gpumem/api/api.hpp has an overload for parsed values).
 inline void check_json_depth(const std::string& text, std::string_view origin, int max_depth = kMaxJsonDepth) {
