@@ -669,3 +669,30 @@ TEST(Snapshot, MutationFuzz) {
 }
 
 }  // namespace
+
+// Stream ids from kGraphPoolStream (2^20) up stand for CUDA graph private
+// pools in the allocator model; a trace with 2^20 distinct streams would have
+// had its last ones read as graph pools. It is refused, naming the snapshot.
+TEST(Snapshot, TooManyStreamsAreRefusedNotReadAsGraphPools) {
+    gpumem::sim::Snapshot s;
+    s.origin = "streams.json";
+    s.layout = gpumem::sim::SnapshotLayout::DeviceTraces;
+    s.has_device_traces = true;
+    s.device_traces.resize(1);
+    auto& t = s.device_traces[0];
+    t.reserve(std::size_t{1} << 20);
+    for (std::int64_t i = 1; i <= (std::int64_t{1} << 20); ++i) {
+        gpumem::sim::SnapshotTraceEntry e;
+        e.action = gpumem::sim::TraceAction::Alloc;
+        e.addr = i * 512;
+        e.size = gpumem::Bytes(512);
+        e.stream = i;
+        t.push_back(e);
+    }
+    try {
+        (void)gpumem::sim::to_trace(s, 0);
+        ADD_FAILURE() << "a trace with 2^20 distinct streams was accepted";
+    } catch (const gpumem::InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("1048575 distinct CUDA streams"), std::string::npos) << e.what();
+    }
+}

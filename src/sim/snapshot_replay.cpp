@@ -57,6 +57,12 @@ private:
         const auto it = streams_.find(stream);
         if (it != streams_.end()) return it->second;
         const int id = static_cast<int>(streams_.size()) + 1;
+        // Ids from kGraphPoolStream up stand for CUDA graph private pools in the
+        // allocator model: a snapshot with that many streams is refused, not misread.
+        if (id >= kGraphPoolStream)
+            fail(ErrorCode::InvalidArgument, "snapshot",
+                 "snapshot: more than " + std::to_string(kGraphPoolStream - 1) +
+                     " distinct CUDA streams in the trace; no real program has that many, check the file");
         streams_.emplace(stream, id);
         return id;
     }
