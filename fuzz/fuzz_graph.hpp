@@ -38,4 +38,17 @@ inline void exercise_graph(const gpumem::ModelGraph& g) {
     }
 }
 
+// One fuzz input as a model file named `name`, read by `load` (a loader taking
+// a path, returning Result<ModelGraph>); an accepted graph is then estimated.
+template <class Load>
+int fuzz_model_file(const char* name, const std::uint8_t* data, std::size_t size, Load load) {
+    const std::string& path = write_scratch(name, as_text(data, size));
+    answer_or_error([&] {
+        auto g = load(path);
+        check_error_message(g);
+        if (g.ok()) exercise_graph(g.value());
+    });
+    return 0;
+}
+
 }  // namespace gpumem_fuzz

@@ -5,11 +5,5 @@
 #include "gpumem/model/load.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    const std::string& path = gpumem_fuzz::write_scratch("layers.json", gpumem_fuzz::as_text(data, size));
-    gpumem_fuzz::answer_or_error([&] {
-        auto g = gpumem::load_layer_list_file(path);
-        gpumem_fuzz::check_error_message(g);
-        if (g.ok()) gpumem_fuzz::exercise_graph(g.value());
-    });
-    return 0;
+    return gpumem_fuzz::fuzz_model_file("layers.json", data, size, [](const std::string& path) { return gpumem::load_layer_list_file(path); });
 }

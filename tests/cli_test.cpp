@@ -10,6 +10,7 @@
 
 #include "test_util.hpp"
 
+using gpumem::test::expect_input_error;
 using gpumem::test::run_cli;
 
 namespace {
@@ -30,13 +31,6 @@ std::string safetensors(const std::string& header, std::uint64_t declared_len, s
     s += header;
     s += std::string(data_bytes, '\0');
     return s;
-}
-
-void expect_input_error(const gpumem::test::CliResult& r, const std::string& must_contain) {
-    EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_NE(r.err.find(must_contain), std::string::npos) << "stderr: " << r.err;
-    // One line.
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 }  // namespace

@@ -49,11 +49,6 @@ std::string temp_file(const std::string& name, const std::string& content) {
     return p.string();
 }
 
-void expect_exit2(const test::CliResult& r, const std::string& must_contain) {
-    EXPECT_EQ(r.exit_code, 2) << r.err << r.out.substr(0, 200);
-    EXPECT_NE(r.err.find(must_contain), std::string::npos) << "stderr: " << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-}
 
 }  // namespace
 
@@ -231,17 +226,17 @@ TEST(FieldLimits, IssueCasesThroughTheApi) {
 
 // The same through the command line: exit 2, one line, the field named.
 TEST(FieldLimits, IssueCasesThroughTheCli) {
-    expect_exit2(run_cli("plan gpt2 --top 1e30"), "--top: must be at most 10000 (got 1e30)");
-    expect_exit2(run_cli("plan gpt2 --only-zero 4294967299"), "--only-zero: must be at most 3");
-    expect_exit2(run_cli("estimate gpt2 --cuda-context -9e18"), "--cuda-context: must be at least 1B (got -9e18)");
-    expect_exit2(run_cli("estimate gpt2 --gpu-memory 0"), "--gpu-memory: must be at least 1B (got 0)");
-    expect_exit2(run_cli("estimate gpt2 --gpu-memory -1"), "--gpu-memory: must be at least 1B");
-    expect_exit2(run_cli("estimate gpt2 --batch 2.5"), "--batch: must be a whole number (got 2.5)");
-    expect_exit2(run_cli("plan gpt2 --threads 200000 --top 1"), "--threads: must be at most 1024 (got 200000)");
-    expect_exit2(run_cli("estimate gpt2 --gpus 1048577"), "--gpus: must be at most 1048576 (got 1048577)");
-    expect_exit2(run_cli("estimate gpt2 --grad-accum 1e9"), "--grad-accum: must be at most 1048576 (got 1e9)");
-    expect_exit2(run_cli("compat deepspeed --params 7B --largest-layer-params 2.5x --stage 3"), "(--largest-layer-params)");
-    expect_exit2(run_cli("compat deepspeed --params 2e15 --stage 3"), "--params: must be at most 1000000000000000");
+    test::expect_input_error(run_cli("plan gpt2 --top 1e30"), "--top: must be at most 10000 (got 1e30)");
+    test::expect_input_error(run_cli("plan gpt2 --only-zero 4294967299"), "--only-zero: must be at most 3");
+    test::expect_input_error(run_cli("estimate gpt2 --cuda-context -9e18"), "--cuda-context: must be at least 1B (got -9e18)");
+    test::expect_input_error(run_cli("estimate gpt2 --gpu-memory 0"), "--gpu-memory: must be at least 1B (got 0)");
+    test::expect_input_error(run_cli("estimate gpt2 --gpu-memory -1"), "--gpu-memory: must be at least 1B");
+    test::expect_input_error(run_cli("estimate gpt2 --batch 2.5"), "--batch: must be a whole number (got 2.5)");
+    test::expect_input_error(run_cli("plan gpt2 --threads 200000 --top 1"), "--threads: must be at most 1024 (got 200000)");
+    test::expect_input_error(run_cli("estimate gpt2 --gpus 1048577"), "--gpus: must be at most 1048576 (got 1048577)");
+    test::expect_input_error(run_cli("estimate gpt2 --grad-accum 1e9"), "--grad-accum: must be at most 1048576 (got 1e9)");
+    test::expect_input_error(run_cli("compat deepspeed --params 7B --largest-layer-params 2.5x --stage 3"), "(--largest-layer-params)");
+    test::expect_input_error(run_cli("compat deepspeed --params 2e15 --stage 3"), "--params: must be at most 1000000000000000");
 }
 
 // Checked arithmetic that overflows while computing a job names the inputs
@@ -252,7 +247,7 @@ TEST(FieldLimits, OverflowNamesTheInputs) {
     const double scores = 1048576.0 * 12.0 * 1e6 * 1e6;
     ASSERT_GT(scores, 9.3e18);
     const auto r = run_cli("estimate gpt2 --batch 1048576 --seq 1000000 --analytic");
-    expect_exit2(r, "the job is too large to represent");
+    test::expect_input_error(r, "the job is too large to represent");
     EXPECT_NE(r.err.find("with --batch 1048576, --seq 1000000; reduce --batch or --seq"), std::string::npos) << r.err;
     // Through the API: an Overflow error with the field named.
     auto a = api_call("estimate", {{"model", "gpt2"}, {"batch", 1048576}, {"seq", 1000000}, {"analytic", true}});
@@ -267,7 +262,7 @@ TEST(FieldLimits, HfConfigValues) {
     json cfg = test::read_json("data/presets/configs/llama-3-8b.json");
     json deep = cfg;
     deep["num_hidden_layers"] = 1000000000;
-    expect_exit2(run_cli("estimate " + temp_file("deep.json", deep.dump())),
+    test::expect_input_error(run_cli("estimate " + temp_file("deep.json", deep.dump())),
                  "field \"num_hidden_layers\" must be at most 100000 layers (got 1000000000)");
     // 2^31 - 1 in every size: 100,000 layers x (3 x 2^31 x 2^31 MLP + 4 x 2^31 x 2^31 attention)
     // ~ 3.2e24 parameters, far beyond 2^63 / 64 ~ 1.4e17.
@@ -277,7 +272,7 @@ TEST(FieldLimits, HfConfigValues) {
     big["num_key_value_heads"] = 1;
     big["num_hidden_layers"] = 100000;
     const auto r = run_cli("params " + temp_file("big.json", big.dump()));
-    expect_exit2(r, "the model is too large to represent");
+    test::expect_input_error(r, "the model is too large to represent");
     EXPECT_NE(r.err.find("hidden_size=2147483647, intermediate_size=2147483647, vocab_size=2147483647, num_hidden_layers=100000"), std::string::npos) << r.err;
     // Inline through the API (the service's path).
     auto a = api_call("estimate", {{"config", big}});
@@ -287,7 +282,7 @@ TEST(FieldLimits, HfConfigValues) {
     // A fractional size.
     json frac = cfg;
     frac["hidden_size"] = 4096.5;
-    expect_exit2(run_cli("estimate " + temp_file("frac.json", frac.dump())), "\"hidden_size\" must be a positive integer");
+    test::expect_input_error(run_cli("estimate " + temp_file("frac.json", frac.dump())), "\"hidden_size\" must be a positive integer");
 }
 
 // Megatron argument files: every integer argument is bounded, and a report
@@ -331,14 +326,14 @@ TEST(FieldLimits, MegatronValues) {
     big["tensor_model_parallel_size"] = 1;
     const std::string path = temp_file("megatron-big.json", big.dump());
     const auto r = run_cli("compat megatron " + path + " --format json");
-    expect_exit2(r, "too large to represent");
+    test::expect_input_error(r, "too large to represent");
     EXPECT_NE(r.err.find("num_layers=100000, hidden_size=65536, seq_length=16777216, micro_batch_size=1048576"), std::string::npos) << r.err;
     EXPECT_EQ(r.out.find("-9223372036854775808"), std::string::npos);
     // The largest dimensions: checked integer products overflow, named too.
     big["hidden_size"] = 2147483647;
     big["vocab_size"] = 2147483647;
     const auto r2 = run_cli("compat megatron " + temp_file("megatron-huge.json", big.dump()));
-    expect_exit2(r2, "Megatron arguments: the sizes overflow 64-bit integers");
+    test::expect_input_error(r2, "Megatron arguments: the sizes overflow 64-bit integers");
     EXPECT_NE(r2.err.find("hidden_size=2147483647"), std::string::npos) << r2.err;
 }
 

@@ -1,6 +1,7 @@
 // Helpers shared by the tests: fixture paths and running the CLI.
 #pragma once
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -53,6 +54,15 @@ inline CliResult run_shell(const std::string& command) {
 
 // Runs build/gpumem with the given argument string (shell-quoted by the caller).
 inline CliResult run_cli(const std::string& args) { return run_shell(std::string(GPUMEM_CLI_PATH) + " " + args); }
+
+// The input-error contract of every command: exit status 2 and one line on
+// stderr that contains `must_contain` (the field or file and the fix).
+inline void expect_input_error(const CliResult& r, const std::string& must_contain) {
+    EXPECT_EQ(r.exit_code, 2) << r.err << r.out.substr(0, 200);
+    EXPECT_NE(r.err.find(must_contain), std::string::npos) << "stderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
 
 // The Hugging Face config.json of an oracle case (oracle/activations_oracle.py
 // gpt2_config / llama_config keys -> transformers' config keys).
