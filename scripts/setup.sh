@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(g++ cmake make nlohmann-json3-dev libcli11-dev libfmt-dev libonnx-dev libprotobuf-dev libgtest-dev libbenchmark-dev libcpp-httplib-dev pybind11-dev python3-dev python3-pytest python3-setuptools python3-wheel python3-venv python3-pip
+PKGS=(g++ cmake make nlohmann-json3-dev libcli11-dev libfmt-dev libonnx-dev libprotobuf-dev protobuf-compiler libgtest-dev libbenchmark-dev libcpp-httplib-dev pybind11-dev python3-dev python3-pytest python3-setuptools python3-wheel python3-venv python3-pip
       clang libclang-rt-14-dev)  # clang + libFuzzer/sanitizer runtimes: scripts/fuzz.sh
 missing=()
 for p in "${PKGS[@]}"; do

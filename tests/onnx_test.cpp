@@ -9,7 +9,7 @@
 #include <random>
 #include <sstream>
 
-#include <onnx/onnx_pb.h>
+#include <onnx/onnx.pb.h>  // generated from onnx/onnx.proto by protoc (CMakeLists.txt)
 
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/model/load.hpp"

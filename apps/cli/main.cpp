@@ -4,10 +4,14 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -17,9 +21,6 @@
 #include "gpumem/report/sweep_render.hpp"
 #include "gpumem/report/timeline_render.hpp"
 #include "trace_command.hpp"
-#ifdef GPUMEM_HAVE_SERVER
-#include "gpumem/server/server.hpp"
-#endif
 
 using namespace gpumem;
 using json = nlohmann::json;
@@ -79,14 +80,41 @@ struct Sub {
     std::map<std::string, bool> flags;        // bool fields given
 };
 
-void add_fields(Sub& s) {
-    for (const Field* f : fields_of(s.command)) {
+// Does an argument name this field's flag ("--batch", "--batch=4",
+// "--no-sp", an alias)?
+bool names_field(const std::string& arg, const Field& f) {
+    if (arg.rfind("--", 0) != 0) return false;
+    const std::string_view name = std::string_view(arg).substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+    if (name == f.name || (f.type == FieldType::Bool && name.rfind("no-", 0) == 0 && name.substr(3) == f.name)) return true;
+    return std::find(f.aliases.begin(), f.aliases.end(), name) != f.aliases.end();
+}
+
+// The command's flags, from the field table. CLI11 checks every new option
+// against all earlier ones, so registering ~150 flags costs more than the
+// estimate (issue 16): when every flag on the command line is a field of this
+// command, only those are registered; --help, or a flag that is not a field
+// (the error and its did-you-mean), registers them all.
+void add_fields(Sub& s, const std::vector<std::string>& args) {
+    const std::vector<const Field*> all = fields_of(s.command);
+    bool every = false;
+    for (const auto& a : args) {
+        if (a.empty() || a[0] != '-') continue;
+        if (a == "--help" || a == "-h" || a.rfind("--", 0) != 0 ||
+            std::none_of(all.begin(), all.end(), [&](const Field* f) { return names_field(a, *f); })) {
+            every = true;
+            break;
+        }
+    }
+    const Field* positional = positional_of(s.command);
+    for (const Field* f : all) {
         if (f->type == FieldType::Object || f->name == "data") continue;  // JSON requests only
+        if (!every && f != positional && std::none_of(args.begin(), args.end(), [&](const std::string& a) { return names_field(a, *f); }))
+            continue;
         const std::string help = field_help(*f);
         std::string group = f->group;
         for (const auto& [k, title] : field_groups())
             if (k == f->group) group = title;
-        if (f == positional_of(s.command)) {
+        if (f == positional) {
             auto* o = s.app->add_option(f->name, s.text[f->name], help);
             if (f->required) o->required();
             continue;
@@ -110,9 +138,10 @@ void add_fields(Sub& s) {
 
 json body_of(const Sub& s) {
     json body = json::object();
+    const Field* positional = positional_of(s.command);
     for (const auto& [name, value] : s.text) {
         const Field* f = find_field(name, s.command);
-        auto* opt = f && f == positional_of(s.command) ? s.app->get_option_no_throw(name) : s.app->get_option_no_throw("--" + name);
+        auto* opt = f && f == positional ? s.app->get_option_no_throw(name) : s.app->get_option_no_throw("--" + name);
         if (opt && opt->count() > 0) body[name] = value;
     }
     for (const auto& [name, v] : s.flags) body[name] = v;
@@ -176,20 +205,68 @@ std::string suggestion(const CLI::App& app, const std::vector<std::string>& args
     return "";
 }
 
+// The words before the first flag: the command ("estimate", "compat deepspeed").
+std::vector<std::string> command_words(int argc, char** argv) {
+    std::vector<std::string> w;
+    for (int i = 1; i < argc && w.size() < 2; ++i) {
+        if (argv[i][0] == '-') break;
+        w.emplace_back(argv[i]);
+    }
+    return w;
+}
+
+// `gpumem serve ...` runs gpumem-serve, installed beside gpumem: only the
+// service links the HTTP library (and OpenSSL, brotli, zlib through it).
+int exec_server(char** argv) {
+    std::string dir;
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n > 0) dir.assign(buf, static_cast<std::size_t>(n));
+    else dir = argv[0];
+    dir = dir.substr(0, dir.find_last_of('/') + 1);
+    const std::string exe = dir + "gpumem-serve";
+    argv[0] = const_cast<char*>(exe.c_str());
+    ::execv(exe.c_str(), argv);
+    std::fprintf(stderr, "gpumem: error: serve: %s cannot be run (%s); this build has no HTTP service: install libcpp-httplib-dev "
+                         "(scripts/setup.sh) and rebuild, or install gpumem-serve beside gpumem\n",
+                 exe.c_str(), std::strerror(errno));
+    return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     // `gpumem trace ...` hands its whole command line to the PyTorch tracer.
     if (argc >= 2 && std::string(argv[1]) == "trace") return gpumem::cli::run_trace_command(std::vector<std::string>(argv + 2, argv + argc));
+    if (argc >= 2 && std::string(argv[1]) == "serve") return exec_server(argv);
     CLI::App app{"gpumem: predict, explain and plan GPU memory of deep-learning training and inference"};
     app.require_subcommand(1);
     app.set_version_flag("--version", std::string("gpumem ") + version());
     app.footer("\nRun 'gpumem COMMAND --help' for a command's flags. Shell completion: gpumem completion bash|zsh|fish.");
 
+    std::vector<std::string> args = normalize_args(argc, argv);
+    // `gpumem serving ... -- <the engine's own command line>`
+    std::vector<std::string> engine_argv;
+    if (const auto dd = std::find(args.begin(), args.end(), "--"); dd != args.end()) {
+        engine_argv.assign(dd + 1, args.end());
+        args.erase(dd, args.end());
+    }
+
+    // Only the command being run is built, with only the flags given
+    // (add_fields): building every command's parser cost more than the
+    // estimate itself (issue 16). The top level's --help, a mistyped command
+    // and `completion`/`man` build the list of commands, without flags.
+    const std::vector<std::string> words = command_words(argc, argv);
+    const std::string selected = words.size() >= 2 && words[0] == "compat" ? words[0] + " " + words[1] : words.empty() ? "" : words[0];
+    const bool one = std::any_of(command_infos().begin(), command_infos().end(), [&](const CommandInfo& ci) { return ci.cli == selected; });
     std::vector<Sub> subs;
     subs.reserve(command_infos().size());
     CLI::App* compat = nullptr;
+    // `gpumem --version` needs no commands at all.
+    const bool version_only = words.empty() && std::find(args.begin(), args.end(), "--version") != args.end() &&
+                              std::none_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
     for (const auto& ci : command_infos()) {
+        if ((one && ci.cli != selected) || version_only) continue;
         Sub s;
         s.command = ci.command;
         if (ci.cli.rfind("compat ", 0) == 0) {
@@ -202,41 +279,23 @@ int main(int argc, char** argv) {
             s.app = app.add_subcommand(ci.cli, ci.summary);
         }
         subs.push_back(std::move(s));
+        if (one) add_fields(subs.back(), args);  // after the move: the flag callbacks hold &subs.back()
     }
-    for (auto& s : subs) add_fields(s);
 
     std::string shell;
-    auto* completion = app.add_subcommand("completion", "print a shell completion script (generated from the flag table)");
-    completion->add_option("shell", shell, "bash, zsh or fish")->required();
-    completion->footer("\nExamples:\n  gpumem completion bash > ~/.local/share/bash-completion/completions/gpumem\n  gpumem completion fish > ~/.config/fish/completions/gpumem.fish\n");
-    auto* man = app.add_subcommand("man", "print the man page (roff)");
-    // Listed for --help; main() hands `gpumem trace ...` to the tracer before parsing.
-    app.add_subcommand("trace", "trace a PyTorch model (SCRIPT.py:FUNCTION, on the meta device, with your python + torch) into a model graph file any command takes as MODEL; 'gpumem trace --help' for its flags");
-
-#ifdef GPUMEM_HAVE_SERVER
-    server::ServerOptions serve_opt;
-    std::string serve_max_body = "8MiB", serve_limit = "10s", serve_read = "10s", serve_write = "10s", serve_keep_alive = "5s", serve_queue = "2s";
-    auto* serve = app.add_subcommand("serve", "serve the JSON API and the web page over HTTP (POST /v1/estimate, ...; loopback only unless --host; docs/security.md)");
-    serve->add_option("--host", serve_opt.host, "address to listen on (not loopback: anyone who reaches it may use it)")->capture_default_str();
-    serve->add_option("--port", serve_opt.port, "TCP port (0: any free port)")->capture_default_str();
-    serve->add_option("--allow-host", serve_opt.allow_hosts, "a Host name the service answers to besides localhost, 127.0.0.1, [::1] and --host (repeatable)");
-    serve->add_option("--threads", serve_opt.threads, "connection threads (default 64)");
-    serve->add_option("--concurrency", serve_opt.concurrency, "requests computing at once (default: the cores, 2 to 8)");
-    serve->add_option("--max-body", serve_max_body, "largest request body, chunked too, e.g. 8MiB (over it: 413)")->capture_default_str();
-    serve->add_option("--time-limit,--time-budget", serve_limit, "work per request, e.g. 10s (over it: cancelled, 503)")->capture_default_str();
-    serve->add_option("--queue-timeout", serve_queue, "wait for a free computation slot (over it: 503 busy)")->capture_default_str();
-    serve->add_option("--read-timeout", serve_read, "the whole request must arrive within it (over it: 408)")->capture_default_str();
-    serve->add_option("--write-timeout", serve_write, "the whole answer must leave within it")->capture_default_str();
-    serve->add_option("--keep-alive-timeout", serve_keep_alive, "an idle keep-alive connection closes after it")->capture_default_str();
-#endif
-
-    std::vector<std::string> args = normalize_args(argc, argv);
-    // `gpumem serving ... -- <the engine's own command line>`
-    std::vector<std::string> engine_argv;
-    if (const auto dd = std::find(args.begin(), args.end(), "--"); dd != args.end()) {
-        engine_argv.assign(dd + 1, args.end());
-        args.erase(dd, args.end());
+    CLI::App* completion = nullptr;
+    CLI::App* man = nullptr;
+    if (!one && !version_only) {
+        completion = app.add_subcommand("completion", "print a shell completion script (generated from the flag table)");
+        completion->add_option("shell", shell, "bash, zsh or fish")->required();
+        completion->footer("\nExamples:\n  gpumem completion bash > ~/.local/share/bash-completion/completions/gpumem\n  gpumem completion fish > ~/.config/fish/completions/gpumem.fish\n");
+        man = app.add_subcommand("man", "print the man page (roff)");
+        // Listed for --help; main() hands `gpumem trace ...` to the tracer before parsing.
+        app.add_subcommand("trace", "trace a PyTorch model (SCRIPT.py:FUNCTION, on the meta device, with your python + torch) into a model graph file any command takes as MODEL; 'gpumem trace --help' for its flags");
+        // Listed for --help; main() hands `gpumem serve ...` to gpumem-serve before parsing.
+        app.add_subcommand("serve", "serve the JSON API and the web page over HTTP (POST /v1/estimate, ...; loopback only unless --host; docs/security.md); 'gpumem serve --help' for its flags");
     }
+
     try {
         std::vector<std::string> rev(args.rbegin(), args.rend());
         app.parse(rev);
@@ -256,30 +315,14 @@ int main(int argc, char** argv) {
     }
 
     try {
-        if (*completion) {
+        if (completion && *completion) {
             std::fputs(take(completion_script(shell)).c_str(), stdout);
             return 0;
         }
-        if (*man) {
+        if (man && *man) {
             std::fputs(man_page().c_str(), stdout);
             return 0;
         }
-#ifdef GPUMEM_HAVE_SERVER
-        if (*serve) {
-            const std::int64_t max_body = take(parse_size(serve_max_body, "max-body")).count();
-            serve_opt.max_body = static_cast<std::size_t>(max_body);
-            serve_opt.time_limit = take(server::parse_duration(serve_limit, "time-limit"));
-            serve_opt.queue_timeout = take(server::parse_duration(serve_queue, "queue-timeout"));
-            serve_opt.read_timeout = take(server::parse_duration(serve_read, "read-timeout"));
-            serve_opt.write_timeout = take(server::parse_duration(serve_write, "write-timeout"));
-            serve_opt.keep_alive_timeout = take(server::parse_duration(serve_keep_alive, "keep-alive-timeout"));
-            if (max_body < 1 || max_body > std::int64_t{1} << 30) fail(ErrorCode::InvalidArgument, "max-body", "--max-body must be 1 byte to 1GiB");
-            if (serve_opt.threads < 0 || serve_opt.threads > 4096) fail(ErrorCode::InvalidArgument, "threads", "--threads must be 0 (default) to 4096");
-            if (serve_opt.concurrency < 0 || serve_opt.concurrency > 1024) fail(ErrorCode::InvalidArgument, "concurrency", "--concurrency must be 0 (default) to 1024");
-            if (serve_opt.port < 0 || serve_opt.port > 65535) fail(ErrorCode::InvalidArgument, "port", "--port must be 0..65535");
-            return server::run_server(serve_opt);
-        }
-#endif
         for (auto& s : subs) {
             if (!s.app->parsed()) continue;
             json body = body_of(s);

@@ -122,22 +122,23 @@ struct enum_of<std::optional<T>> { using type = T; };
 template <class T>
 struct enum_of<std::vector<T>> { using type = T; };
 
-// A row under construction.
+// A row under construction (a temporary: each modifier moves it on, so the
+// table is built without copying a Field).
 struct Row {
     Field f;
-    Row& unit(const char* u) { f.unit = u; return *this; }
-    Row& modes(std::uint8_t m) { f.modes = m; return *this; }
-    Row& min(double v) { f.min = v; return *this; }
-    Row& max(double v) { f.max = v; return *this; }
+    Row&& unit(const char* u) && { f.unit = u; return std::move(*this); }
+    Row&& modes(std::uint8_t m) && { f.modes = m; return std::move(*this); }
+    Row&& min(double v) && { f.min = v; return std::move(*this); }
+    Row&& max(double v) && { f.max = v; return std::move(*this); }
     // The documented limits (docs/limits.md): [lo, hi] and why hi is where it is.
-    Row& range(double lo, double hi, const char* why) { f.min = lo; f.max = hi; f.limit = why; return *this; }
-    Row& items(std::int64_t n) { f.max_items = n; return *this; }
-    Row& alias(const char* a) { f.aliases.emplace_back(a); return *this; }
-    Row& computed(const char* text) { f.default_text = text; return *this; }
-    Row& positional() { f.positional = true; return *this; }
-    Row& required() { f.required = true; return *this; }
-    Row& cli_only() { f.cli_only = true; return *this; }
-    Row& values(std::vector<std::string> v) { f.values = std::move(v); return *this; }
+    Row&& range(double lo, double hi, const char* why) && { f.min = lo; f.max = hi; f.limit = why; return std::move(*this); }
+    Row&& items(std::int64_t n) && { f.max_items = n; return std::move(*this); }
+    Row&& alias(const char* a) && { f.aliases.emplace_back(a); return std::move(*this); }
+    Row&& computed(const char* text) && { f.default_text = text; return std::move(*this); }
+    Row&& positional() && { f.positional = true; return std::move(*this); }
+    Row&& required() && { f.required = true; return std::move(*this); }
+    Row&& cli_only() && { f.cli_only = true; return std::move(*this); }
+    Row&& values(std::vector<std::string> v) && { f.values = std::move(v); return std::move(*this); }
 };
 
 // Binds a row to a Request member through an accessor `T& (Request&)`.
@@ -166,7 +167,7 @@ using FT = FieldType;
 
 std::vector<Field> build_table() {
     const std::vector<std::string> formats = {"text", "json", "csv", "markdown"};
-    std::vector<Row> t = {
+    Row t[] = {
         // ---- model
         row("model", FT::String, "model", kModelCmds, AT(job.model), "preset name, Hugging Face id (local cache), config.json, model folder, layer-list JSON or gpumem model graph file").positional(),
         row("config", FT::Object, "model", bit(Command::Estimate) | bit(Command::Timeline), AT(other.config), "a Hugging Face config.json sent inline (JSON requests; the service reads no files)"),
@@ -333,6 +334,7 @@ std::vector<Field> build_table() {
         row("out", FT::Path, "output", bit(Command::Calibrate), AT(other.out), "write the calibration document to FILE (what --calibration reads; the same as --format json)").cli_only(),
     };
     std::vector<Field> out;
+    out.reserve(std::size(t));
     const Request def;
     for (auto& r : t) {
         r.f.default_value = r.f.get(def);
@@ -555,7 +557,8 @@ std::string Field::json_key() const {
 }
 
 const std::vector<Field>& fields() {
-    static const std::vector<Field> table = build_table();
+    // Never destroyed: the process ends without tearing the table down.
+    static const std::vector<Field>& table = *new std::vector<Field>(build_table());
     return table;
 }
 

@@ -30,7 +30,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <onnx/onnx_pb.h>
+#include <onnx/onnx.pb.h>  // generated from onnx/onnx.proto by protoc (CMakeLists.txt)
 
 #include "gpumem/model/builder.hpp"
 
