@@ -688,3 +688,38 @@ TEST_F(NoFileAccess, ModelNamesArePresetsOnly) {
 }  // namespace
 
 #endif  // GPUMEM_HAVE_SERVER
+
+// Idle keep-alive connections wait without a thread: with 2 connection
+// threads, 16 connections that each make requests in turn are all answered
+// on the same connection (no "Connection: close", no 503), and two requests
+// sent at once (pipelined) get two answers in order.
+TEST(ServerLimits, IdleKeepAliveConnectionsHoldNoThread) {
+    gpumem::server::ServerOptions opt;
+    opt.threads = 2;
+    gpumem::server::Server s(opt);
+    ASSERT_TRUE(s.start("127.0.0.1", 0)) << s.error();
+    const std::string get = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    std::vector<std::unique_ptr<Raw>> conns;
+    for (int i = 0; i < 16; ++i) {
+        conns.push_back(std::make_unique<Raw>(s.port()));
+        ASSERT_TRUE(conns.back()->connected());
+    }
+    for (int round = 0; round < 3; ++round)
+        for (std::size_t i = 0; i < conns.size(); ++i) {
+            ASSERT_TRUE(conns[i]->send(get));
+            const std::string r = conns[i]->response(std::chrono::milliseconds(5000));
+            ASSERT_EQ(Raw::status(r), 200) << "round " << round << " connection " << i << ": " << r.substr(0, 200);
+            EXPECT_EQ(Raw::body(r), (json{{"status", "ok"}}));
+            EXPECT_EQ(r.find("Connection: close"), std::string::npos) << r.substr(0, 200);
+        }
+    Raw pipelined(s.port());
+    ASSERT_TRUE(pipelined.send(get + "GET /v1/nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+    std::string both;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(5000);
+    while (Clock::now() < deadline && both.find("HTTP/1.1 404") == std::string::npos) both += pipelined.response(std::chrono::milliseconds(200));
+    EXPECT_EQ(Raw::status(both), 200) << both.substr(0, 200);
+    const auto second = both.find("HTTP/1.1 404");
+    ASSERT_NE(second, std::string::npos) << both.substr(0, 400);
+    EXPECT_EQ(Raw::body(both.substr(second))["error"]["code"], "not_found");
+    s.stop();
+}

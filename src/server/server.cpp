@@ -7,9 +7,11 @@
 // bodies are decompressed without limit, and every open connection holds a
 // pool thread. So the server overrides httplib's per-connection loop
 // (Server::process_and_close_socket, a virtual) with its own: a Stream that
-// bounds each request in time and bytes, TCP_NODELAY on every accepted
-// socket, keep-alive connections that yield their thread when others wait, and
-// a pool that answers 503 to connections that waited too long for a thread.
+// bounds each request in time and bytes and writes each answer in one send(),
+// TCP_NODELAY on every accepted socket, idle connections that wait in one
+// epoll set (Parker) instead of on a thread, so that a worker is handed only
+// connections with a request to read, in arrival order, and a pool that
+// answers 503 to connections that waited too long for a thread.
 // Header checks (Host, Origin, Content-Type, lengths) run before any body
 // byte is read (httplib's pre-routing handler).
 #include "gpumem/server/server.hpp"
@@ -21,10 +23,13 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <charconv>
@@ -38,6 +43,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -106,7 +112,6 @@ struct ConnState {
     bool body_too_large = false;     // 413 (a chunked or length-less body over --max-body)
     bool bodies_over_total = false;  // 503 (all connections' bodies over max_body_total)
     bool timed_out = false;          // 408
-    bool yielded = false;            // closed after a complete exchange to free the thread
 };
 thread_local ConnState* t_conn = nullptr;
 thread_local bool t_shed = false;  // the pool: this connection waited too long for a thread
@@ -129,13 +134,23 @@ struct StreamLimits {
     BodyLedger* ledger = nullptr;
 };
 
-// The connection's socket and its read buffer (kept across keep-alive requests).
+// The connection's socket, its read buffer and its answer being written (kept
+// across keep-alive requests, and while the connection waits in the Parker).
 struct Connection {
     int sock = -1;
+    std::uint64_t id = 0;        // the Parker's key (a socket number is reused)
+    std::size_t left = 0;        // requests it may still make (keep_alive_max)
+    bool first = true;           // no request served yet
+    bool registered = false;     // in the Parker's epoll set
+    Clock::time_point accepted;  // the first request must arrive within read_timeout of it
+    std::string out;             // the answer, written at once when complete
     char buf[16384];
     std::size_t pos = 0, len = 0;
     [[nodiscard]] bool buffered() const { return pos < len; }
 };
+
+// Answers up to this size leave in one send() (headers and body together).
+constexpr std::size_t kOutBuffer = std::size_t{64} << 10;
 
 // Waits for `events` on the socket until `deadline`, in slices so that a
 // stopping server is noticed. >0 ready, 0 timed out or stopping, <0 error.
@@ -170,7 +185,8 @@ public:
     GuardedStream& operator=(const GuardedStream&) = delete;
 
     bool is_readable() const override { return c_.buffered() || wait_socket(c_.sock, POLLIN, read_deadline_, lim_.stopping) > 0; }
-    bool is_writable() const override { return wait_socket(c_.sock, POLLOUT, write_deadline(), lim_.stopping) > 0; }
+    // write() buffers and waits itself (within write_timeout).
+    bool is_writable() const override { return !(lim_.stopping && lim_.stopping->load()); }
 
     ssize_t read(char* ptr, std::size_t size) override {
         if (size == 0) return 0;
@@ -221,21 +237,28 @@ public:
         return static_cast<ssize_t>(n);
     }
 
+    // httplib writes the status line and headers, then the body: both are
+    // collected in the connection's buffer and leave in one send() at flush()
+    // (after the request; before the stream waits for more input, so that a
+    // "100 Continue" leaves), larger answers in pieces of kOutBuffer.
     ssize_t write(const char* ptr, std::size_t size) override {
         if (!write_started_) {
             write_started_ = true;
             write_deadline_ = Clock::now() + lim_.write_timeout;
         }
-        while (true) {
-            const ssize_t n = ::send(c_.sock, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n >= 0) return n;
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-            if (wait_socket(c_.sock, POLLOUT, write_deadline_, lim_.stopping) <= 0) {
-                st_.close = true;
-                return -1;
-            }
-        }
+        if (c_.out.size() + size > kOutBuffer && !flush()) return -1;
+        if (size > kOutBuffer) return send_all(ptr, size) ? static_cast<ssize_t>(size) : -1;
+        c_.out.append(ptr, size);
+        return static_cast<ssize_t>(size);
+    }
+
+    // Sends the buffered answer; false (and the connection closes) if it
+    // cannot leave within write_timeout.
+    bool flush() {
+        if (c_.out.empty()) return true;
+        const bool sent = send_all(c_.out.data(), c_.out.size());
+        c_.out.clear();
+        return sent;
     }
 
     void get_remote_ip_and_port(std::string& ip, int& port) const override { address(false, ip, port); }
@@ -243,10 +266,26 @@ public:
     socket_t socket() const override { return c_.sock; }
 
 private:
-    Clock::time_point write_deadline() const { return write_started_ ? write_deadline_ : Clock::now() + lim_.write_timeout; }
+    bool send_all(const char* ptr, std::size_t size) {
+        while (size > 0) {
+            const ssize_t n = ::send(c_.sock, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n >= 0) {
+                ptr += n;
+                size -= static_cast<std::size_t>(n);
+                continue;
+            }
+            if (errno == EINTR) continue;
+            if ((errno != EAGAIN && errno != EWOULDBLOCK) || wait_socket(c_.sock, POLLOUT, write_deadline_, lim_.stopping) <= 0) {
+                st_.close = true;
+                return false;
+            }
+        }
+        return true;
+    }
 
     // Reads more into the connection's buffer: >0 bytes, 0 end of stream, <0 error or time out.
     ssize_t fill() {
+        if (!flush()) return -1;
         const int w = wait_socket(c_.sock, POLLIN, read_deadline_, lim_.stopping);
         if (w == 0) {
             st_.timed_out = true;
@@ -297,18 +336,12 @@ private:
 };
 
 // ---------------------------------------------------------------------------
-// The connection pool: `threads` workers take accepted connections in order.
-// A connection that waited longer than `max_wait`, or finds more than
-// `max_queue` others waiting, is answered 503 at once (t_shed) instead of
-// being served late. PoolState::pressure() (connections wait and no worker
-// is idle) makes kept-alive connections give their thread up: the next
-// answer says "Connection: close", an idle connection closes.
+// The connection pool: `threads` workers take ready connections in order
+// (newly accepted ones, and kept-alive ones whose next request has come; see
+// Parker). A connection that waited longer than `max_wait`, or finds more
+// than `max_queue` others waiting, is answered 503 at once (t_shed) instead of
+// being served late.
 // ---------------------------------------------------------------------------
-struct PoolState {
-    std::atomic<std::size_t> waiting{0}, idle{0};
-    [[nodiscard]] bool pressure() const { return waiting.load() > 0 && idle.load() == 0; }
-};
-
 class ConnectionPool final : public httplib::TaskQueue {
 public:
     ConnectionPool(std::size_t threads, std::size_t max_queue, std::chrono::milliseconds max_wait)
@@ -323,7 +356,7 @@ public:
         {
             std::lock_guard lock(m_);
             jobs_.push_back({Clock::now(), std::move(fn)});
-            state_->waiting.store(jobs_.size());
+            waiting_.store(jobs_.size());
         }
         cv_.notify_one();
     }
@@ -338,8 +371,8 @@ public:
         for (auto& t : threads_) t.join();
     }
 
-    // Read by the connection threads (GuardedServer).
-    [[nodiscard]] std::shared_ptr<PoolState> state() const { return state_; }
+    // Connections waiting for a worker.
+    [[nodiscard]] std::size_t waiting() const { return waiting_.load(); }
 
 private:
     struct Job {
@@ -353,17 +386,15 @@ private:
             std::size_t behind = 0;
             {
                 std::unique_lock lock(m_);
-                state_->idle.fetch_add(1);
                 cv_.wait(lock, [&] { return down_ || !jobs_.empty(); });
-                state_->idle.fetch_sub(1);
                 if (jobs_.empty()) return;  // down_ and drained
                 job = std::move(jobs_.front());
                 jobs_.pop_front();
                 behind = jobs_.size();
-                state_->waiting.store(behind);
+                waiting_.store(behind);
             }
             t_shed = behind > max_queue_ || Clock::now() - job.queued > max_wait_;
-            job.fn();  // always run: it closes the socket
+            job.fn();  // always run: it closes or parks the socket
             t_shed = false;
         }
     }
@@ -373,8 +404,8 @@ private:
     std::mutex m_;
     std::condition_variable cv_;
     std::deque<Job> jobs_;
+    std::atomic<std::size_t> waiting_{0};
     bool down_ = false;
-    std::shared_ptr<PoolState> state_ = std::make_shared<PoolState>();
     std::vector<std::thread> threads_;
 };
 
@@ -386,22 +417,180 @@ void drain_now(int sock) {
         if (::recv(sock, sink, sizeof sink, MSG_DONTWAIT) <= 0) break;
 }
 
+// Closes a connection that has nothing more to say (after its answer, or idle).
+void close_quietly(Connection* c) {
+    ::shutdown(c->sock, SHUT_WR);
+    drain_now(c->sock);
+    ::close(c->sock);
+    delete c;
+}
+
+// Answers 503 busy and closes: a connection the service has no room for.
+void shed(Connection* c) {
+    const std::string body = error_body("busy", "the service has more connections than threads (gpumem serve --threads); retry later").dump();
+    const std::string msg = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    drain_now(c->sock);
+    [[maybe_unused]] const ssize_t n = ::send(c->sock, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    close_quietly(c);
+}
+
+// ---------------------------------------------------------------------------
+// Idle connections wait here, in one epoll set, not on a pool thread: a
+// kept-alive connection between requests, and a new one whose first bytes have
+// not come. When a connection has bytes to read (or hangs up) it goes back to
+// the pool (`resume`), behind the connections already waiting there. Each has
+// a deadline (the first request: read_timeout after the accept; later ones:
+// keep_alive_timeout after the last answer), past it the connection closes. At
+// most `max_parked` wait at once; beyond that the kept-alive connection nearest
+// its deadline closes (its client opens another), or if none is kept-alive,
+// the new connection nearest its deadline is answered 503 busy.
+// ---------------------------------------------------------------------------
+class Parker {
+public:
+    explicit Parker(std::size_t max_parked) : max_parked_(max_parked) {}
+    ~Parker() { stop(); }
+    Parker(const Parker&) = delete;
+    Parker& operator=(const Parker&) = delete;
+
+    void start(std::function<void(Connection*)> resume) {
+        resume_ = std::move(resume);
+        stopped_ = false;
+        ep_ = ::epoll_create1(EPOLL_CLOEXEC);
+        wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = 0;  // connection ids start at 1
+        ::epoll_ctl(ep_, EPOLL_CTL_ADD, wake_, &ev);
+        thread_ = std::thread([this] { loop(); });
+    }
+
+    // Hands `c` over until it is readable or its deadline passes. After
+    // stop(), closes it.
+    void park(Connection* c, Clock::time_point deadline) {
+        Connection* evicted = nullptr;
+        bool evicted_new = false;
+        {
+            std::lock_guard lock(m_);
+            if (!stopped_ && ep_ >= 0) {
+                if (parked_.size() >= max_parked_) {
+                    // Kept-alive connections (not first) before new ones, then the nearest deadline.
+                    const auto victim = std::min_element(parked_.begin(), parked_.end(), [](const auto& a, const auto& b) {
+                        return std::pair(a.second.conn->first, a.second.deadline) < std::pair(b.second.conn->first, b.second.deadline);
+                    });
+                    evicted = victim->second.conn;
+                    evicted_new = evicted->first;
+                    ::epoll_ctl(ep_, EPOLL_CTL_DEL, evicted->sock, nullptr);
+                    parked_.erase(victim);
+                }
+                epoll_event ev{};
+                ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+                ev.data.u64 = c->id;
+                if (::epoll_ctl(ep_, c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->sock, &ev) == 0) {
+                    c->registered = true;
+                    parked_.emplace(c->id, Parked{c, deadline});
+                    c = nullptr;
+                }
+            }
+        }
+        if (evicted && evicted_new) shed(evicted);
+        else if (evicted) close_quietly(evicted);
+        if (c) close_quietly(c);
+    }
+
+    // Closes every parked connection; later park() calls close theirs at once.
+    void stop() {
+        {
+            std::lock_guard lock(m_);
+            if (stopped_) return;
+            stopped_ = true;
+        }
+        if (thread_.joinable()) {
+            const std::uint64_t one = 1;
+            [[maybe_unused]] const ssize_t n = ::write(wake_, &one, sizeof one);
+            thread_.join();
+        }
+        std::unordered_map<std::uint64_t, Parked> left;
+        {
+            std::lock_guard lock(m_);
+            left.swap(parked_);
+        }
+        for (auto& [id, p] : left) close_quietly(p.conn);
+        if (ep_ >= 0) ::close(ep_);
+        if (wake_ >= 0) ::close(wake_);
+        ep_ = wake_ = -1;
+    }
+
+private:
+    struct Parked {
+        Connection* conn;
+        Clock::time_point deadline;
+    };
+
+    void loop() {
+        std::array<epoll_event, 256> evs{};
+        std::vector<Connection*> ready, expired;
+        auto next_scan = Clock::now();
+        while (true) {
+            const int n = ::epoll_wait(ep_, evs.data(), static_cast<int>(evs.size()), 50);
+            ready.clear();
+            expired.clear();
+            {
+                std::lock_guard lock(m_);
+                if (stopped_) return;
+                for (int i = 0; i < n; ++i) {
+                    const auto it = parked_.find(evs[static_cast<std::size_t>(i)].data.u64);
+                    if (it == parked_.end()) continue;  // the wake-up event, or a connection evicted meanwhile
+                    ready.push_back(it->second.conn);
+                    parked_.erase(it);
+                }
+                const auto now = Clock::now();
+                if (now >= next_scan) {
+                    next_scan = now + std::chrono::milliseconds(50);
+                    for (auto it = parked_.begin(); it != parked_.end();) {
+                        if (it->second.deadline <= now) {
+                            expired.push_back(it->second.conn);
+                            it = parked_.erase(it);
+                        } else {
+                            ++it;
+                        }
+                    }
+                }
+            }
+            for (Connection* c : ready) resume_(c);
+            for (Connection* c : expired) close_quietly(c);
+        }
+    }
+
+    std::size_t max_parked_;
+    std::function<void(Connection*)> resume_;
+    int ep_ = -1, wake_ = -1;
+    std::mutex m_;
+    std::unordered_map<std::uint64_t, Parked> parked_;
+    bool stopped_ = false;
+    std::thread thread_;
+};
+
 // httplib::Server with the connection loop replaced (see the file comment).
 class GuardedServer final : public httplib::Server {
 public:
     StreamLimits limits;
     std::chrono::milliseconds keep_alive_timeout{5000};
     std::size_t keep_alive_max = 100;
-    std::shared_ptr<PoolState> pool;  // set by new_task_queue
+    ConnectionPool* pool = nullptr;  // set by new_task_queue
     std::atomic<bool>* stopping = nullptr;
+    Parker parker{kMaxParked};
+
+    // Most idle connections held at once (Parker).
+    static constexpr std::size_t kMaxParked = 1024;
 
     // httplib 0.11 listens with a backlog of 5: a burst of connections would
     // be dropped at SYN and retried a second later.
     void raise_backlog(int n) const { ::listen(svr_sock_, n); }
 
-    // Under pool pressure the answer being written closes its connection
-    // ("Connection: close": the client knows not to reuse it, no race).
-    [[nodiscard]] bool under_pressure() const { return pool && pool->pressure(); }
+    void start_parker() {
+        parker.start([this](Connection* c) { pool->enqueue([this, c] { serve(c, true); }); });
+    }
 
 private:
     bool process_and_close_socket(socket_t sock) override {
@@ -409,53 +598,74 @@ private:
         // Keep-alive answers written as headers + body would otherwise wait
         // ~40 ms for the client's delayed ACK (Nagle).
         ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (t_shed) {
-            shed(sock);
-            return true;
+        auto* c = new (std::nothrow) Connection;
+        if (!c) {
+            ::close(sock);
+            return false;
         }
-        Connection c;
-        c.sock = sock;
-        bool ret = false, refused = false, timed_out = false;
-        for (std::size_t count = keep_alive_max; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
-            if (!wait_for_request(c, count == keep_alive_max)) break;
-            ConnState st;
-            t_conn = &st;
-            bool closed = false;
-            {
-                GuardedStream strm(c, limits, st);
-                ret = process_request(strm, count == 1, closed, nullptr);
-            }
-            t_conn = nullptr;
-            refused = st.close && !st.yielded;
-            timed_out = st.timed_out;
-            if (!ret || closed || st.close) break;
-        }
-        ::shutdown(sock, SHUT_WR);
-        if (refused && !timed_out) linger(sock);  // a client too slow to send its request gets no more time
-        else drain_now(sock);
-        ::close(sock);
-        return ret;
+        c->sock = sock;
+        c->id = next_id_.fetch_add(1) + 1;
+        c->left = keep_alive_max;
+        c->accepted = Clock::now();
+        serve(c, false);
+        return true;
     }
 
-    // Waits for the next request's first byte: up to read_timeout for the
-    // first request, keep_alive_timeout for the next ones; under pool
-    // pressure a kept-alive connection idle for 100 ms (a new one: 1 s)
-    // gives up its thread.
-    bool wait_for_request(Connection& c, bool first) {
-        if (c.buffered()) return true;
-        const auto start = Clock::now();
-        const auto deadline = start + (first ? limits.read_timeout : keep_alive_timeout);
-        while (true) {
-            if (stopping && stopping->load()) return false;
-            const auto now = Clock::now();
-            if (now >= deadline) return false;
-            if (under_pressure() && now - start > (first ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(100))) return false;
-            pollfd p{c.sock, POLLIN, 0};
-            const int r = ::poll(&p, 1, 20);
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0) return false;
-            if (r > 0) return (p.revents & POLLIN) != 0;
+    // Serves the requests `c` has ready (`readable`: it has bytes or hung up),
+    // then parks it until its next request comes, or closes it.
+    void serve(Connection* c, bool readable) {
+        if (t_shed) {  // late or behind too many: 503 if it has a request, else it waits without a thread
+            if (c->buffered() || readable || readable_now(c->sock)) shed(c);
+            else park(c);
+            return;
         }
+        bool refused = false, timed_out = false;
+        while (!stopped()) {
+            if (!c->buffered() && !readable && !readable_now(c->sock)) {
+                park(c);
+                return;
+            }
+            readable = false;
+            ConnState st;
+            t_conn = &st;
+            bool closed = false, ret = false;
+            {
+                GuardedStream strm(*c, limits, st);
+                ret = process_request(strm, c->left == 1, closed, nullptr);
+                if (!strm.flush()) ret = false;
+            }
+            t_conn = nullptr;
+            c->first = false;
+            refused = st.close;
+            timed_out = st.timed_out;
+            if (!ret || closed || st.close || --c->left == 0) break;
+            // The next request: wait for it in the Parker, or (pipelined) serve
+            // it now unless other connections wait for a worker.
+            if (!c->buffered()) {
+                park(c);
+                return;
+            }
+            if (pool && pool->waiting() > 0) {
+                pool->enqueue([this, c] { serve(c, true); });
+                return;
+            }
+        }
+        ::shutdown(c->sock, SHUT_WR);
+        if (refused && !timed_out) linger(c->sock);  // a client too slow to send its request gets no more time
+        else drain_now(c->sock);
+        ::close(c->sock);
+        delete c;
+    }
+
+    bool stopped() const { return svr_sock_ == INVALID_SOCKET || (stopping && stopping->load()); }
+
+    static bool readable_now(int sock) {
+        pollfd p{sock, POLLIN, 0};
+        return ::poll(&p, 1, 0) > 0;
+    }
+
+    void park(Connection* c) {
+        parker.park(c, c->first ? c->accepted + limits.read_timeout : Clock::now() + keep_alive_timeout);
     }
 
     // After a refused request whose body was not read: stop sending, then read
@@ -472,47 +682,59 @@ private:
         }
     }
 
-    void shed(int sock) const {
-        const std::string body = error_body("busy", "the service has more connections than threads (gpumem serve --threads); retry later").dump();
-        const std::string msg = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
-                                std::to_string(body.size()) + "\r\n\r\n" + body;
-        drain_now(sock);
-        [[maybe_unused]] const ssize_t n = ::send(sock, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        ::shutdown(sock, SHUT_WR);
-        drain_now(sock);
-        ::close(sock);
-    }
+    std::atomic<std::uint64_t> next_id_{0};
 };
 
-// At most `max` computations at once; a request waits for a slot up to a limit.
+// At most `max` computations at once; a request waits for a slot up to a
+// limit. Slots go to the waiters in arrival order (each waits on its own
+// condition variable), so that under load no request waits much longer than
+// the others.
 class WorkGate {
 public:
     explicit WorkGate(int max) : max_(max) {}
     bool acquire(std::chrono::milliseconds wait, const std::atomic<bool>& stopping) {
         std::unique_lock lock(m_);
-        const bool got = cv_.wait_for(lock, wait, [&] { return running_ < max_ || stopping.load(); });
-        if (!got || stopping.load()) return false;
-        ++running_;
-        return true;
+        if (stopping.load()) return false;
+        if (running_ < max_ && waiters_.empty()) {
+            ++running_;
+            return true;
+        }
+        Waiter w;
+        waiters_.push_back(&w);
+        w.cv.wait_for(lock, wait, [&] { return w.granted || stopping.load(); });
+        if (w.granted) return true;  // the slot is ours (a stopping server cancels the work)
+        waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &w));
+        return false;
     }
     void release() {
-        {
-            std::lock_guard lock(m_);
-            --running_;
+        std::lock_guard lock(m_);
+        --running_;
+        while (running_ < max_ && !waiters_.empty()) {
+            Waiter* w = waiters_.front();
+            waiters_.pop_front();
+            w->granted = true;
+            ++running_;
+            w->cv.notify_one();
         }
-        cv_.notify_one();
     }
-    void wake_all() { cv_.notify_all(); }
+    void wake_all() {
+        std::lock_guard lock(m_);
+        for (Waiter* w : waiters_) w->cv.notify_one();
+    }
     int running() const {
         std::lock_guard lock(m_);
         return running_;
     }
 
 private:
+    struct Waiter {
+        std::condition_variable cv;
+        bool granted = false;
+    };
     int max_;
     int running_ = 0;
+    std::deque<Waiter*> waiters_;
     mutable std::mutex m_;
-    std::condition_variable cv_;
 };
 
 // Catches everything a handler throws: bad input never gives 500, internal
@@ -732,7 +954,7 @@ struct Server::Impl {
         svr.stopping = &stopping;
         svr.new_task_queue = [this, n] {
             auto* pool = new ConnectionPool(static_cast<std::size_t>(n), static_cast<std::size_t>(4 * n), 2 * opt.read_timeout);
-            svr.pool = pool->state();
+            svr.pool = pool;
             return pool;
         };
         svr.set_payload_max_length(opt.max_body);
@@ -744,13 +966,6 @@ struct Server::Impl {
         // answer before the client sends the body.
         svr.set_expect_100_continue_handler([this](const Request& req, Response& res) {
             return screen(req, res) == httplib::Server::HandlerResponse::Handled ? res.status : 100;
-        });
-        svr.set_post_routing_handler([this](const Request&, Response& res) {
-            if (svr.under_pressure() && t_conn && !t_conn->close) {
-                res.set_header("Connection", "close");
-                t_conn->close = true;
-                t_conn->yielded = true;
-            }
         });
 
         for (const auto& cmd : json_commands()) {
@@ -924,6 +1139,7 @@ bool Server::start(const std::string& host, int port) {
     }
     impl_->svr.raise_backlog(1024);
     impl_->port = bound;
+    impl_->svr.start_parker();
     impl_->thread = std::thread([this] { impl_->svr.listen_after_bind(); });
     // stop() only works once the accept loop runs.
     for (int i = 0; i < 5000 && !impl_->svr.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -940,6 +1156,7 @@ void Server::stop() {
     if (!impl_ || !impl_->thread.joinable()) return;
     impl_->stopping = true;  // cancels the work in flight (WorkBudget) and ends the connection loops
     if (impl_->gate) impl_->gate->wake_all();
+    impl_->svr.parker.stop();  // before the pool goes: it hands connections to it
     impl_->svr.stop();
     impl_->thread.join();
 }

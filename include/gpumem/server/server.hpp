@@ -11,8 +11,8 @@
 //     (ModelLoadOptions::files = false), configs and snapshots are sent inline;
 //   - every connection is bounded in time (the whole request must arrive
 //     within read_timeout, the whole answer leave within write_timeout, idle
-//     keep-alive connections close after keep_alive_timeout, or at once when
-//     other connections wait for a thread) and in bytes (headers, body,
+//     connections wait without a thread and close after keep_alive_timeout,
+//     at most 1,024 of them at once) and in bytes (headers, body,
 //     chunked bodies too; JSON depth and size);
 //   - at most `concurrency` computations run at once, each on the connection's
 //     own thread under a WorkBudget of time_limit: over it, the work is
@@ -34,8 +34,8 @@ namespace gpumem::server {
 struct ServerOptions {
     std::string host = "127.0.0.1";
     int port = 8080;                                 // 0: an ephemeral port (see Server::port())
-    // Connection threads: each serves one connection at a time (idle keep-alive
-    // connections give theirs up when others wait). 0: 64.
+    // Connection threads: each serves one connection's request at a time (idle
+    // connections wait without one). 0: 64.
     int threads = 0;
     // Computations (POST /v1/...) running at once. 0: the hardware threads, 2..8.
     int concurrency = 0;
