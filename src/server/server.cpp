@@ -338,9 +338,9 @@ private:
 // ---------------------------------------------------------------------------
 // The connection pool: `threads` workers take ready connections in order
 // (newly accepted ones, and kept-alive ones whose next request has come; see
-// Parker). A connection that waited longer than `max_wait`, or finds more
-// than `max_queue` others waiting, is answered 503 at once (t_shed) instead of
-// being served late.
+// Parker). A connection that waited longer than `max_wait`, or came when more
+// than `max_queue` others were waiting, is answered 503 at once (t_shed)
+// instead of being served late.
 // ---------------------------------------------------------------------------
 class ConnectionPool final : public httplib::TaskQueue {
 public:
@@ -355,7 +355,7 @@ public:
     void enqueue(std::function<void()> fn) override {
         {
             std::lock_guard lock(m_);
-            jobs_.push_back({Clock::now(), std::move(fn)});
+            jobs_.push_back({Clock::now(), jobs_.size(), std::move(fn)});
             waiting_.store(jobs_.size());
         }
         cv_.notify_one();
@@ -377,23 +377,24 @@ public:
 private:
     struct Job {
         Clock::time_point queued;
+        std::size_t ahead = 0;  // connections in line before it when it came
         std::function<void()> fn;
     };
 
     void work() {
         while (true) {
             Job job;
-            std::size_t behind = 0;
             {
                 std::unique_lock lock(m_);
                 cv_.wait(lock, [&] { return down_ || !jobs_.empty(); });
                 if (jobs_.empty()) return;  // down_ and drained
                 job = std::move(jobs_.front());
                 jobs_.pop_front();
-                behind = jobs_.size();
-                waiting_.store(behind);
+                waiting_.store(jobs_.size());
             }
-            t_shed = behind > max_queue_ || Clock::now() - job.queued > max_wait_;
+            // Judged by where it stood in line, not by who came after it: the
+            // first in line is served even while a burst queues behind it.
+            t_shed = job.ahead > max_queue_ || Clock::now() - job.queued > max_wait_;
             job.fn();  // always run: it closes or parks the socket
             t_shed = false;
         }
