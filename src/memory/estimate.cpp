@@ -293,9 +293,9 @@ Result<EstimateResult> estimate(const EstimateRequest& req) {
     }
     if (req.model.empty())
         return Error{ErrorCode::InvalidArgument, "no model given: name a preset (gpumem models), a config.json, a model folder, a layer-list JSON, or use --params", "model"};
-    auto g = load_model(req.model, model_options(req));
+    auto g = load_model_shared(req.model, model_options(req));
     if (!g) return g.error();
-    return estimate(g.value(), req);
+    return estimate(*g.value(), req);
 }
 
 }  // namespace gpumem

@@ -337,6 +337,8 @@ std::vector<Field> build_table() {
     out.reserve(std::size(t));
     const Request def;
     for (auto& r : t) {
+        r.f.key = r.f.name;
+        std::replace(r.f.key.begin(), r.f.key.end(), '-', '_');
         r.f.default_value = r.f.get(def);
         if (r.f.default_value.is_array() && r.f.default_value.empty()) r.f.default_value = json();
         out.push_back(std::move(r.f));
@@ -550,11 +552,6 @@ const char* to_string(FieldType t) {
     return "?";
 }
 
-std::string Field::json_key() const {
-    std::string k = name;
-    std::replace(k.begin(), k.end(), '-', '_');
-    return k;
-}
 
 const std::vector<Field>& fields() {
     // Never destroyed: the process ends without tearing the table down.
@@ -569,11 +566,17 @@ const Field* positional_of(Command c) {
     return p;
 }
 
-std::vector<const Field*> fields_of(Command c) {
-    std::vector<const Field*> out;
-    for (const auto& f : fields())
-        if (f.in(c)) out.push_back(&f);
-    return out;
+const std::vector<const Field*>& fields_of(Command c) {
+    static const auto& per_command = *new std::vector<std::vector<const Field*>>([] {  // never destroyed
+        std::vector<std::vector<const Field*>> v(static_cast<std::size_t>(Command::Count));
+        for (std::size_t i = 0; i < v.size(); ++i)
+            for (const auto& f : fields())
+                if (f.in(static_cast<Command>(i))) v[i].push_back(&f);
+        return v;
+    }());
+    static const std::vector<const Field*> none;
+    const auto i = static_cast<std::size_t>(c);
+    return i < per_command.size() ? per_command[i] : none;
 }
 
 const Field* find_field(std::string_view name) {

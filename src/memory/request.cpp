@@ -154,11 +154,17 @@ Result<EstimateRequest> request_from_json(const nlohmann::json& body) {
 }
 
 nlohmann::json request_to_json(const EstimateRequest& r) {
+    // request_json's fields (not cli-only, not null, not an empty list with no
+    // default), kept to the job's groups and the mode's fields.
     Request q;
     q.job = r;
-    nlohmann::json all = request_json(q, Command::Estimate), j = nlohmann::json::object();
-    for (const Field* f : fields_of(Command::Estimate))
-        if (job_group(*f) && (f->modes & mode_bit(r.mode)) && all.contains(f->json_key())) j[f->json_key()] = all[f->json_key()];
+    nlohmann::json j = nlohmann::json::object();
+    for (const Field* f : fields_of(Command::Estimate)) {
+        if (f->cli_only || f->name == "data" || !job_group(*f) || !(f->modes & mode_bit(r.mode))) continue;
+        nlohmann::json v = f->get(q);
+        if (v.is_null() || (v.is_array() && v.empty() && f->default_value.is_null())) continue;
+        j[f->json_key()] = std::move(v);
+    }
     return j;
 }
 

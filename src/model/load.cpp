@@ -5,6 +5,7 @@
 #include "gpumem/core/input.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <cctype>
 #include <cstddef>
 #include <cstdlib>
@@ -271,6 +272,28 @@ Result<ModelGraph> load_preset(std::string_view name) {
         g.source = "preset";
         return g;
     });
+}
+
+Result<std::shared_ptr<const ModelGraph>> load_model_shared(const std::string& spec, const ModelLoadOptions& opts) {
+    // load_model takes the preset when no file or folder has that name (or
+    // files are off); then the graph depends on the preset alone.
+    const embedded::EmbeddedPreset* p = spec.empty() ? nullptr : find_preset(spec);
+    std::error_code ec;
+    if (p && (!opts.files || (!fs::exists(spec, ec) && !ec))) {
+        static std::mutex m;
+        static auto& cache = *new std::vector<std::shared_ptr<const ModelGraph>>(embedded::kPresetCount);  // never destroyed
+        const auto i = static_cast<std::size_t>(p - embedded::kPresets);
+        std::lock_guard lock(m);
+        if (!cache[i]) {
+            auto g = load_preset(p->name);
+            if (!g) return g.error();
+            cache[i] = std::make_shared<const ModelGraph>(std::move(g).value());
+        }
+        return cache[i];
+    }
+    auto g = load_model(spec, opts);
+    if (!g) return g.error();
+    return std::shared_ptr<const ModelGraph>(std::make_shared<const ModelGraph>(std::move(g).value()));
 }
 
 // ---------------------------------------------------------------------------

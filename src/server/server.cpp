@@ -352,14 +352,15 @@ public:
     ConnectionPool(const ConnectionPool&) = delete;
     ConnectionPool& operator=(const ConnectionPool&) = delete;
 
-    void enqueue(std::function<void()> fn) override {
-        {
-            std::lock_guard lock(m_);
-            jobs_.push_back({Clock::now(), jobs_.size(), std::move(fn)});
-            waiting_.store(jobs_.size());
-        }
-        cv_.notify_one();
-    }
+    // A newly accepted connection (httplib's accept loop): judged by the whole
+    // line ahead of it.
+    void enqueue(std::function<void()> fn) override { push(std::move(fn), false); }
+
+    // A connection whose next request has come (from the Parker, or
+    // pipelined): judged by the requests ahead of it only. New connections in
+    // line mostly have nothing to say yet and are parked at once; counting
+    // them would shed a request because a burst of idle connections came.
+    void enqueue_ready(std::function<void()> fn) { push(std::move(fn), true); }
 
     void shutdown() override {
         {
@@ -377,9 +378,20 @@ public:
 private:
     struct Job {
         Clock::time_point queued;
-        std::size_t ahead = 0;  // connections in line before it when it came
+        std::size_t ahead = 0;  // connections (ready: requests) in line before it when it came
+        bool ready = false;
         std::function<void()> fn;
     };
+
+    void push(std::function<void()> fn, bool ready) {
+        {
+            std::lock_guard lock(m_);
+            jobs_.push_back({Clock::now(), ready ? ready_ : jobs_.size(), ready, std::move(fn)});
+            if (ready) ++ready_;
+            waiting_.store(jobs_.size());
+        }
+        cv_.notify_one();
+    }
 
     void work() {
         while (true) {
@@ -390,6 +402,7 @@ private:
                 if (jobs_.empty()) return;  // down_ and drained
                 job = std::move(jobs_.front());
                 jobs_.pop_front();
+                if (job.ready) --ready_;
                 waiting_.store(jobs_.size());
             }
             // Judged by where it stood in line, not by who came after it: the
@@ -405,6 +418,7 @@ private:
     std::mutex m_;
     std::condition_variable cv_;
     std::deque<Job> jobs_;
+    std::size_t ready_ = 0;  // ready jobs in jobs_
     std::atomic<std::size_t> waiting_{0};
     bool down_ = false;
     std::vector<std::thread> threads_;
@@ -590,7 +604,7 @@ public:
     void raise_backlog(int n) const { ::listen(svr_sock_, n); }
 
     void start_parker() {
-        parker.start([this](Connection* c) { pool->enqueue([this, c] { serve(c, true); }); });
+        parker.start([this](Connection* c) { pool->enqueue_ready([this, c] { serve(c, true); }); });
     }
 
 private:
@@ -647,7 +661,7 @@ private:
                 return;
             }
             if (pool && pool->waiting() > 0) {
-                pool->enqueue([this, c] { serve(c, true); });
+                pool->enqueue_ready([this, c] { serve(c, true); });
                 return;
             }
         }

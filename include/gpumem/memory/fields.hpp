@@ -81,14 +81,15 @@ struct Field {
     std::function<nlohmann::json(const Request&)> get;
 
     [[nodiscard]] bool in(Command c) const { return (commands >> static_cast<unsigned>(c)) & 1u; }
-    [[nodiscard]] std::string json_key() const;  // underscores: "grad_accum"
+    std::string key;           // the JSON key: name with underscores, "grad_accum" (set with the table)
+    [[nodiscard]] const std::string& json_key() const { return key; }
     [[nodiscard]] std::string flag() const { return "--" + name; }
 };
 
 // The table, in help order.
 const std::vector<Field>& fields();
 // The fields of one command, in help order.
-std::vector<const Field*> fields_of(Command c);
+const std::vector<const Field*>& fields_of(Command c);  // built once per command
 // The command's positional argument (MODEL, MESSAGE or FILE); the other
 // fields marked positional are --flags of that command (doctor's --model).
 const Field* positional_of(Command c);

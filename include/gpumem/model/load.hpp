@@ -15,6 +15,7 @@
 // never reaches the file or cache loaders (ModelLoadOptions::files = false).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,6 +55,10 @@ struct ModelLoadOptions {
 };
 
 Result<ModelGraph> load_model(const std::string& spec, const ModelLoadOptions& opts = {});
+// The same graph, shared: a built-in preset is built once per process and
+// then handed out (the embedded configs never change), which the service and
+// the bindings call per request; anything else is loaded as load_model does.
+Result<std::shared_ptr<const ModelGraph>> load_model_shared(const std::string& spec, const ModelLoadOptions& opts = {});
 Result<ModelGraph> load_preset(std::string_view name);
 Result<ModelGraph> load_hf_config_file(const std::string& path);
 Result<ModelGraph> load_hf_config_json(const nlohmann::json& config, std::string_view origin);
