@@ -77,7 +77,7 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
 
         // Every job is a layout: one GPU is one stage of one rank. The rank with
         // the largest peak is the answer.
-        ParallelResult par = parallel_memory(g, job);
+        ParallelResult par = parallel_memory(g, job, g.params_only == 0 ? &act : nullptr);
         const StageMemory& m = par.stages[static_cast<std::size_t>(par.most_loaded)];
         const bool dist = !job.layout.cfg.trivial();
 
