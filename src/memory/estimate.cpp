@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <map>
 
 #include "gpumem/memory/features.hpp"
 #include "gpumem/memory/fp8.hpp"
@@ -21,19 +20,29 @@ ParamSummary summarize_params(const ModelGraph& g) {
         return s;
     }
     std::array<std::int64_t, kComponentCount> comp{};
-    std::map<std::string, std::int64_t> dt;
+    constexpr std::size_t kDTypes = static_cast<std::size_t>(DType::Int4) + 1;
+    std::array<std::int64_t, kDTypes> dt{};
+    std::array<bool, kDTypes> seen{};
     for (const auto& b : g.blocks)
         for (const auto& p : b.params) {
             const std::int64_t n = checked_mul(b.repeat, p.numel());
             auto& c = comp[static_cast<std::size_t>(p.component)];
             c = checked_add(c, n);
-            auto& d = dt[std::string(dtype_name(p.dtype))];
-            d = checked_add(d, n);
+            const auto k = static_cast<std::size_t>(p.dtype);
+            dt[k] = checked_add(dt[k], n);
+            seen[k] = true;
         }
     for (int i = 0; i < kComponentCount; ++i)
         if (comp[static_cast<std::size_t>(i)] != 0)
             s.by_component.emplace_back(component_name(static_cast<Component>(i)), comp[static_cast<std::size_t>(i)]);
-    for (const auto& [k, v] : dt) s.by_dtype.emplace_back(k, v);
+    // By dtype, in the order of the dtypes' names.
+    std::array<DType, kDTypes> order{};
+    std::size_t used = 0;
+    for (std::size_t k = 0; k < kDTypes; ++k)
+        if (seen[k]) order[used++] = static_cast<DType>(k);
+    std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(used), [](DType a, DType b) { return dtype_name(a) < dtype_name(b); });
+    s.by_dtype.reserve(used);
+    for (std::size_t i = 0; i < used; ++i) s.by_dtype.emplace_back(std::string(dtype_name(order[i])), dt[static_cast<std::size_t>(order[i])]);
     return s;
 }
 
@@ -77,7 +86,7 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
 
         // Every job is a layout: one GPU is one stage of one rank. The rank with
         // the largest peak is the answer.
-        ParallelResult par = parallel_memory(g, job);
+        ParallelResult par = parallel_memory(g, job, g.params_only == 0 ? &act : nullptr);
         const StageMemory& m = par.stages[static_cast<std::size_t>(par.most_loaded)];
         const bool dist = !job.layout.cfg.trivial();
 

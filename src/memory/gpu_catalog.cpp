@@ -102,21 +102,42 @@ const std::vector<GpuSpec>& gpu_catalog() {
     return kCatalog;
 }
 
+namespace {
+// The catalog's names, aliases and family names in canonical form, built once
+// (a lookup per estimate then canonicalizes only the name asked for).
+struct CatalogIndex {
+    std::vector<std::pair<std::string, std::size_t>> names;  // catalog order: each entry's name, then its aliases
+    std::vector<std::string> families;                       // per entry
+};
+
+const CatalogIndex& catalog_index() {
+    static const CatalogIndex kIndex = [] {
+        CatalogIndex ix;
+        const auto& cat = gpu_catalog();
+        for (std::size_t i = 0; i < cat.size(); ++i) {
+            ix.names.emplace_back(canon(cat[i].name), i);
+            for (const auto& a : cat[i].aliases) ix.names.emplace_back(canon(a), i);
+            ix.families.push_back(canon(gpu_family(cat[i].name)));
+        }
+        return ix;
+    }();
+    return kIndex;
+}
+}  // namespace
+
 Result<GpuSpec> find_gpu(std::string_view name) {
     const std::string key = canon(name);
+    const CatalogIndex& ix = catalog_index();
     // 1. A catalog name or one of its aliases, case- and punctuation-insensitive.
-    for (const auto& g : gpu_catalog()) {
-        if (canon(g.name) == key) return g;
-        for (const auto& a : g.aliases)
-            if (canon(a) == key) return g;
-    }
+    for (const auto& [n, i] : ix.names)
+        if (n == key) return gpu_catalog()[i];
     // 2. A family name ("A100", "V100", "L4"): the catalog name without its
     //    capacity suffix. One match resolves; several are ambiguous, because
     //    the capacity is what gpumem answers about.
     std::vector<const GpuSpec*> family;
     if (!key.empty())
-        for (const auto& g : gpu_catalog())
-            if (canon(gpu_family(g.name)) == key) family.push_back(&g);
+        for (std::size_t i = 0; i < ix.families.size(); ++i)
+            if (ix.families[i] == key) family.push_back(&gpu_catalog()[i]);
     if (family.size() == 1) return *family.front();
     if (family.size() > 1) {
         std::string names;

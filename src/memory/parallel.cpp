@@ -66,7 +66,9 @@ InferencePieces inference_pieces(const ModelGraph& g, const Job& job) {
     return ip;
 }
 
-ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
+ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) { return parallel_memory(g_in, job, nullptr); }
+
+ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const ActivationResult* whole_in) {
     const ModelGraph& g = job_graph(g_in, job);
     const Layout& lay = job.layout;
     const ParallelConfig& c = lay.cfg;
@@ -83,8 +85,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
     const TransformerDims* td = g.transformer ? &*g.transformer : nullptr;
     const ActivationContext& ctx = job.actx;
     const std::int64_t s_local = ctx.seq;
-    ActivationResult whole;
-    if (job.train && graph) whole = saved_activations(g, ctx);
+    ActivationResult whole_own;
+    if (job.train && graph && !whole_in) whole_own = saved_activations(g, ctx);
+    const ActivationResult& whole = job.train && graph && whole_in ? *whole_in : whole_own;
     const bool zero3 = c.zero == 3 || c.fsdp != Fsdp::None;          // parameters sharded at rest, gathered per layer
     const bool shard_grads = lay.dp > 1 && (c.zero >= 2 || c.fsdp != Fsdp::None);
     const bool shard_opt = c.zero >= 1 || c.fsdp != Fsdp::None || c.distributed_optimizer;
@@ -162,10 +165,17 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
     }
     const Bytes held_logits = job.framework.logits == LogitsLifetime::Kept ? logits_low : Bytes(0);
 
+    std::vector<std::vector<RankTensor>> stage_tensors;  // per stage, kept for the most loaded one's offload and load rows below
+    stage_tensors.reserve(static_cast<std::size_t>(p));
     for (std::int64_t r = 0; r < p; ++r) {
         StageMemory sm;
         sm.stage = r;
-        const std::vector<RankTensor> tensors = rank_tensors(g, job, res.instance_stage, r);
+        stage_tensors.push_back(rank_tensors(g, job, res.instance_stage, r));
+        const std::vector<RankTensor>& tensors = stage_tensors.back();
+        // Each block's instances on this rank (all its model chunks), counted once.
+        std::vector<std::int64_t> rank_inst(g.blocks.size(), 0);
+        for (std::size_t bi = 0; bi < res.instance_stage.size() && bi < rank_inst.size(); ++bi)
+            for (auto v : res.instance_stage[bi]) rank_inst[bi] += (v % p) == r ? 1 : 0;
         // ---- model states ----------------------------------------------------------
         // Rounding: the allocator blocks of these persistent tensors exceed their
         // bytes (memory/blocks.hpp); kept apart so that the states stay exact.
@@ -334,8 +344,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             for (const auto& rt : tensors)
                 if (rt.block >= 0) {
                     const auto bi = static_cast<std::size_t>(rt.block);
-                    std::int64_t inst = 0;
-                    for (auto v : res.instance_stage[bi]) inst += (v % p) == r ? 1 : 0;
+                    const std::int64_t inst = rank_inst[bi];
                     const std::int64_t per_instance = rt.copies / std::max<std::int64_t>(1, inst);
                     gather_of[bi] += half_unit * checked_mul(rt.elems, per_instance);
                     if (rt.trainable) {
@@ -351,8 +360,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
             // Sharded gradients are one allocation per layer instance (its slice after the reduce-scatter).
             if (shard_grads && !inbwd)
                 for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
-                    std::int64_t inst = 0;
-                    for (auto v : res.instance_stage[bi]) inst += (v % p) == r ? 1 : 0;
+                    const std::int64_t inst = rank_inst[bi];
                     const Bytes one = grad_of[bi].ceil_div(std::max<std::int64_t>(1, lay.shard));
                     round_grads += (allocator_block(one) - one) * inst;
                 }
@@ -804,8 +812,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
                 };
                 Bytes kv, peak, ws_decode;
                 for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
-                    std::int64_t n = 0;
-                    for (auto v : res.instance_stage[bi]) n += (v % p) == r ? 1 : 0;
+                    const std::int64_t n = rank_inst[bi];
                     if (n == 0) continue;
                     const Block& b = g.blocks[bi];
                     const std::vector<Bytes> dq = dequant_of(b);
@@ -855,7 +862,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) {
     // Offload: CPU (or NVMe) per node.
     const std::int64_t ranks = lay.gpus_per_node;
     const StageMemory& ml = res.stages[static_cast<std::size_t>(res.most_loaded)];
-    const std::vector<RankTensor> ml_tensors = rank_tensors(g, job, res.instance_stage, ml.stage);
+    const std::vector<RankTensor>& ml_tensors = stage_tensors[static_cast<std::size_t>(ml.stage)];
     if (job.train && c.offload_optimizer != Offload::None) {
         // fp32 master weights and states, plus the fp32 gradients DeepSpeed keeps on the CPU for the update.
         Bytes states;

@@ -34,28 +34,36 @@ std::vector<PipelineOp> pipeline_schedule(std::int64_t pp, std::int64_t vpp, std
     vpp = std::max<std::int64_t>(1, vpp);
     const std::int64_t total = checked_mul(m, vpp);
     const std::int64_t warm = pipeline_warmup(pp, vpp, m, rank);
-    const std::int64_t group = checked_mul(pp, vpp);
-    auto unit = [&](std::int64_t k, bool forward) {
-        PipelineOp op;
-        op.forward = forward;
-        if (vpp == 1) {
-            op.micro_batch = k;
-            op.chunk = 0;
+    (void)checked_mul(pp, vpp);  // a group of pp x vpp chunks
+    // The k-th forward (backward) chunk of the rank: micro-batch
+    // (k / (pp vpp)) pp + k % pp, model chunk (k % (pp vpp)) / pp (backward:
+    // the chunks in reverse); counted as k advances, without divisions.
+    struct Cursor {
+        std::int64_t in_pp = 0, chunk = 0, base = 0;  // k % pp, (k % (pp vpp)) / pp, (k / (pp vpp)) pp
+        PipelineOp take(bool forward, std::int64_t pp_, std::int64_t vpp_) {
+            PipelineOp op;
+            op.forward = forward;
+            op.micro_batch = base + in_pp;
+            op.chunk = forward ? chunk : vpp_ - 1 - chunk;
+            if (++in_pp == pp_) {
+                in_pp = 0;
+                if (++chunk == vpp_) {
+                    chunk = 0;
+                    base += pp_;
+                }
+            }
             return op;
         }
-        const std::int64_t c = (k % group) / pp;
-        op.chunk = forward ? c : vpp - 1 - c;
-        op.micro_batch = (k / group) * pp + k % pp;
-        return op;
     };
+    Cursor fwd, bwd;
     std::vector<PipelineOp> ops;
     ops.reserve(static_cast<std::size_t>(2 * total));
-    for (std::int64_t k = 0; k < warm; ++k) ops.push_back(unit(k, true));
+    for (std::int64_t k = 0; k < warm; ++k) ops.push_back(fwd.take(true, pp, vpp));
     for (std::int64_t k = 0; k < total - warm; ++k) {
-        ops.push_back(unit(warm + k, true));
-        ops.push_back(unit(k, false));
+        ops.push_back(fwd.take(true, pp, vpp));
+        ops.push_back(bwd.take(false, pp, vpp));
     }
-    for (std::int64_t k = total - warm; k < total; ++k) ops.push_back(unit(k, false));
+    for (std::int64_t k = total - warm; k < total; ++k) ops.push_back(bwd.take(false, pp, vpp));
     return ops;
 }
 

@@ -680,11 +680,17 @@ Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const Comput
     if (!g) return g.error();
     auto mem = simulate_estimate(g.value(), req);
     if (!mem) return mem.error();
-    auto job = resolve_job(g.value(), req);
-    if (!job) return job.error();
+    // The estimate's job is resolve_job(g, req): not resolved again.
+    std::optional<Job> own;
+    if (!mem.value().job) {
+        auto job = resolve_job(g.value(), req);
+        if (!job) return job.error();
+        own = std::move(job).value();
+    }
+    const Job& job = own ? *own : *mem.value().job;
     ComputeOptions o = opt;
     if (req.params_count && !o.seq && req.seq) o.seq = req.seq;
-    auto t = compute_time(g.value(), job.value(), mem.value(), o);
+    auto t = compute_time(g.value(), job, mem.value(), o);
     if (!t) return t.error();
     return FullEstimate{std::move(mem).value(), std::move(t).value()};
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <exception>
 #include <limits>
@@ -349,6 +350,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         return out;
     };
     std::vector<Family> families;
+    families.reserve(tps.size() * 64 * precs.size() * opts.size() * recs.size());
     for (std::int64_t tp : tps)
         for (std::int64_t cp = 1; cp <= 64 && tp * cp <= gpus; cp *= 2) {
             if (!allowed(pr.cp, cp) || gpus % (tp * cp) != 0 || (cp > 1 && seq % (2 * cp) != 0)) continue;
@@ -444,11 +446,16 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         }
         out.fitting = static_cast<std::int64_t>(lo + 1);
         for (std::size_t i = 0; i <= lo; ++i) {
-            const EstimateRequest req = to_request(base, f, mbs[i], per_dp / mbs[i]);
-            auto job = resolve_job(g, req);
-            if (!job) continue;
+            // The job of an estimated micro-batch is the estimate's own.
+            std::optional<Job> own;
+            if (!mem[i] || !mem[i]->job) {
+                auto job = resolve_job(g, to_request(base, f, mbs[i], per_dp / mbs[i]));
+                if (!job) continue;
+                own = std::move(job).value();
+            }
+            const Job& job = own ? *own : *mem[i]->job;
             // States (what the time model reads from the estimate) do not depend on the micro-batch.
-            auto t = compute_time(g, job.value(), *mem[0], pr.compute);
+            auto t = compute_time(g, job, *mem[0], pr.compute);
             if (!t) continue;
             if (!out.ok || t.value().step_seconds < out.step) {
                 out.ok = true;
@@ -523,19 +530,63 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         const std::size_t tries = std::min(ok.size(), want == 0 ? std::size_t{0} : 2 * want + 2);
         std::vector<std::optional<EstimateResult>> sims(tries);
         std::vector<PlanCandidate> cands;
+        cands.reserve(tries);
         for (std::size_t i = 0; i < tries; ++i) cands.push_back(candidate(*ok[i]));
-        std::size_t done = 0, fitting_confirmed = 0;
+        // The candidates confirmed are those a serial walk down the ranking
+        // simulates: until `want` of them fit or `tries` were simulated. A free
+        // thread takes the next candidate as soon as the walk needs it whatever
+        // the simulations still running give (fewer than `want` fit or run
+        // before it), waits while that depends on them, and stops once `want`
+        // fit before it: no round waits for its slowest member, nothing is
+        // simulated that the walk does not reach, and the answer does not
+        // depend on the number of threads.
+        enum class Sim : char { Pending, Fits, NoFit };
+        std::vector<Sim> state(tries, Sim::Pending);
+        std::mutex state_mutex;
+        std::condition_variable state_changed;
+        std::size_t next = 0;
+        bool failed = false;
+        auto take = [&]() -> std::optional<std::size_t> {
+            std::unique_lock<std::mutex> lock(state_mutex);
+            for (;;) {
+                if (failed || next >= tries) return std::nullopt;
+                std::size_t fit = 0, running = 0;
+                for (std::size_t j = 0; j < next; ++j) {
+                    fit += state[j] == Sim::Fits ? 1 : 0;
+                    running += state[j] == Sim::Pending ? 1 : 0;
+                }
+                if (fit >= want) return std::nullopt;      // the walk ends before `next`
+                if (fit + running < want) return next++;  // the walk reaches `next` whatever the running ones give
+                state_changed.wait(lock);
+            }
+        };
+        auto settle = [&](std::size_t k, Sim v) {
+            {
+                const std::lock_guard<std::mutex> lock(state_mutex);
+                state[k] = v;
+                if (v == Sim::Pending) failed = true;
+            }
+            state_changed.notify_all();
+        };
         const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-        const std::size_t batch = std::min<std::size_t>(pr.threads > 0 ? static_cast<std::size_t>(pr.threads) : hw, kMaxThreads);
+        const std::size_t workers = std::min<std::size_t>({pr.threads > 0 ? static_cast<std::size_t>(pr.threads) : hw, tries, kMaxThreads});
+        parallel_for(workers, pr.threads, [&](std::size_t) {
+            while (const auto k = take()) {
+                try {
+                    auto sim = simulate_estimate(g, cands[*k].request);
+                    const bool fits = sim && static_cast<double>(sim->per_gpu.total_device.count()) <= capacity;
+                    if (sim) sims[*k] = std::move(sim).value();
+                    settle(*k, fits ? Sim::Fits : Sim::NoFit);
+                } catch (...) {
+                    settle(*k, Sim::Pending);  // stops the other threads (parallel_for rethrows)
+                    throw;
+                }
+            }
+        });
+        std::size_t done = 0, fitting_confirmed = 0;
         while (done < tries && fitting_confirmed < want) {
-            const std::size_t n = std::min({tries - done, std::max<std::size_t>(1, batch), want - fitting_confirmed});
-            parallel_for(n, pr.threads, [&](std::size_t k) {
-                auto sim = simulate_estimate(g, cands[done + k].request);
-                if (sim) sims[done + k] = std::move(sim).value();
-            });
-            for (std::size_t k = 0; k < n; ++k)
-                if (sims[done + k] && static_cast<double>(sims[done + k]->per_gpu.total_device.count()) <= capacity) ++fitting_confirmed;
-            done += n;
+            if (state[done] == Sim::Fits) ++fitting_confirmed;
+            ++done;
         }
         for (std::size_t i = 0; i < ok.size() && static_cast<std::int64_t>(out.top.size()) < pr.top; ++i) {
             PlanCandidate c = i < cands.size() ? cands[i] : candidate(*ok[i]);

@@ -266,5 +266,10 @@ InferencePieces inference_pieces(const ModelGraph& g, const Job& job);
 // Per-GPU memory of every pipeline stage under the job's layout (analytic;
 // a one-GPU job is the layout of one stage).
 ParallelResult parallel_memory(const ModelGraph& g, const Job& job);
+struct ActivationResult;  // memory/activations.hpp
+// The same, given what the caller already computed for the job:
+// `whole` = saved_activations(job_graph(g, job), job.actx) (analytic_estimate
+// has it), so that it is not computed twice; null computes it.
+ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const ActivationResult* whole);
 
 }  // namespace gpumem
