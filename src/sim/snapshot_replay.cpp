@@ -224,9 +224,9 @@ Trace to_trace(const Snapshot& s, int device) { return to_trace_detailed(s, devi
 // The front-end entry point.
 
 namespace {
-SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt) {
+SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const StreamedTraceStats* streamed = nullptr) {
     SnapshotReport rep;
-    rep.summary = summarize(snap, opt.top_n);
+    rep.summary = summarize(snap, opt.top_n, streamed);
     int device = opt.device;
     if (device < 0) {
         device = default_device(snap);
@@ -244,6 +244,9 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt) {
         }
     }
     auto conv = to_trace_detailed(snap, device);
+    // The entries are in the trace now: free them before the replay.
+    if (static_cast<std::size_t>(device) < snap.device_traces.size())
+        std::vector<SnapshotTraceEntry>().swap(snap.device_traces[static_cast<std::size_t>(device)]);
     rep.summary.conversion = conv.info;
     for (auto& n : conv.notes) rep.summary.notes.push_back(std::move(n));
 
@@ -265,18 +268,99 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt) {
     if (opt.run_replay) rep.replay = replay(conv.trace, ro);
     return rep;
 }
+// Streaming reading for analyze(): statistics of every device's entries, and
+// the entries themselves only for the device to replay (opt.device, else the
+// lowest with entries).
+class KeepOneDevice final : public TraceEntrySink {
+public:
+    explicit KeepOneDevice(int device) : want_(device) {}
+
+    void entry(int d, std::int64_t i, const SnapshotTraceEntry& e) override {
+        auto& traces = stats_.traces;
+        if (traces.size() <= static_cast<std::size_t>(d)) {
+            const auto old = traces.size();
+            traces.resize(static_cast<std::size_t>(d) + 1);
+            for (auto k = old; k < traces.size(); ++k) traces[k].device = static_cast<int>(k);
+        }
+        auto& st = traces[static_cast<std::size_t>(d)];
+        ++st.entries;
+        switch (e.action) {
+            case TraceAction::Alloc: ++st.alloc; break;
+            case TraceAction::FreeRequested: ++st.free_requested; break;
+            case TraceAction::FreeCompleted: ++st.free_completed; break;
+            case TraceAction::SegmentAlloc: ++st.segment_alloc; break;
+            case TraceAction::SegmentFree: ++st.segment_free; break;
+            case TraceAction::SegmentMap: ++st.segment_map; break;
+            case TraceAction::SegmentUnmap: ++st.segment_unmap; break;
+            case TraceAction::Snapshot: ++st.snapshot; break;
+            case TraceAction::Oom:
+                ++st.oom;
+                stats_.ooms.push_back(SnapshotOom{d, i, e.size, e.device_free, e.time_us, {}});
+                oom_frames_.push_back(e.frame);
+                break;
+            case TraceAction::Other: ++st.other; break;
+        }
+        const bool keep = want_ >= 0 ? d == want_ : (kept_device_ < 0 || d <= kept_device_);
+        if (!keep) return;
+        if (d != kept_device_) {
+            kept_.clear();
+            kept_device_ = d;
+        }
+        kept_.push_back(e);
+    }
+    void restart() override {
+        stats_ = {};
+        oom_frames_.clear();
+        kept_.clear();
+        kept_device_ = -1;
+    }
+
+    // Puts the kept entries into `snap` and returns the statistics.
+    const StreamedTraceStats& finish(Snapshot& snap) {
+        for (std::size_t k = 0; k < stats_.ooms.size(); ++k) {
+            const auto f = oom_frames_[k];
+            if (f >= 0 && static_cast<std::size_t>(f) < snap.frames.size())
+                stats_.ooms[k].frame = frame_label(snap.frames[static_cast<std::size_t>(f)]);
+        }
+        std::stable_sort(stats_.ooms.begin(), stats_.ooms.end(), [](const SnapshotOom& a, const SnapshotOom& b) {
+            return a.device != b.device ? a.device < b.device : a.entry < b.entry;
+        });
+        if (kept_device_ >= 0) {
+            const auto d = static_cast<std::size_t>(kept_device_);
+            if (snap.device_traces.size() <= d) snap.device_traces.resize(d + 1);
+            snap.device_traces[d] = std::move(kept_);
+        }
+        return stats_;
+    }
+
+private:
+    int want_;
+    StreamedTraceStats stats_;
+    std::vector<std::int32_t> oom_frames_;
+    std::vector<SnapshotTraceEntry> kept_;
+    int kept_device_ = -1;
+};
+
 }  // namespace
 
 Result<SnapshotReport> analyze_snapshot_bytes(std::string_view data, std::string origin, const SnapshotOptions& opt) {
-    auto snap = parse_snapshot_bytes(data, std::move(origin));
+    KeepOneDevice sink(opt.device);
+    auto snap = parse_snapshot_streaming(data, std::move(origin), sink);
     if (!snap) return snap.error();
-    return capture([&]() -> Result<SnapshotReport> { return analyze(std::move(snap).value(), opt); });
+    return capture([&]() -> Result<SnapshotReport> {
+        const auto& stats = sink.finish(snap.value());
+        return analyze(std::move(snap).value(), opt, &stats);
+    });
 }
 
 Result<SnapshotReport> analyze_snapshot(const std::string& path, const SnapshotOptions& opt) {
-    auto snap = read_snapshot(path);
+    KeepOneDevice sink(opt.device);
+    auto snap = read_snapshot_streaming(path, sink);
     if (!snap) return snap.error();
-    return capture([&]() -> Result<SnapshotReport> { return analyze(std::move(snap).value(), opt); });
+    return capture([&]() -> Result<SnapshotReport> {
+        const auto& stats = sink.finish(snap.value());
+        return analyze(std::move(snap).value(), opt, &stats);
+    });
 }
 
 Result<SnapshotReport> analyze_snapshot(const std::string& path, const ReplayOptions& replay) {
