@@ -112,9 +112,15 @@ class Parser {
 public:
     using Id = Document::Id;
     using Node = Document::Node;
+    struct MarkRec {
+        std::size_t stack;                       // stack size at the MARK
+        std::size_t nodes, strings, containers;  // arena sizes at the MARK
+        std::size_t memolog;                     // memo_log_ size at the MARK
+        Id min_ext;                              // smallest container extended since (kNoMemo: none)
+    };
 
-    Parser(std::string_view data, const std::string& origin, const Limits& limits)
-        : data_(data), origin_(origin), lim_(limits) {
+    Parser(std::string_view data, const std::string& origin, const Limits& limits, StreamSpec* stream = nullptr)
+        : data_(data), origin_(origin), lim_(limits), stream_(stream && stream->sink ? stream : nullptr) {
         lim_.max_depth = std::clamp(lim_.max_depth, 1, 60000);
     }
 
@@ -146,7 +152,8 @@ public:
                 }
                 case MARK:
                     if (marks_.size() >= static_cast<std::size_t>(lim_.max_depth)) too_deep();
-                    marks_.push_back(stack_.size());
+                    marks_.push_back(MarkRec{stack_.size(), doc_.nodes_.size(), doc_.strings_.size(), doc_.containers_.size(),
+                                             memo_log_.size(), kNoMemo});
                     break;
                 case POP:
                     if (avail() > 0) stack_.pop_back();
@@ -235,13 +242,18 @@ public:
                     need_stack(2);
                     const Id v = stack_.back();
                     stack_.pop_back();
-                    extend(stack_.back(), Kind::List, {&v, 1});
+                    if (!claim({&v, 1}, stack_.size() - 1, nullptr)) extend(stack_.back(), Kind::List, {&v, 1});
                     break;
                 }
                 case APPENDS: {
-                    auto items = pop_mark();
-                    need_stack(1);
-                    extend(stack_.back(), Kind::List, items);
+                    // The items stay on the stack while they are used (no copy).
+                    const auto items = mark_items();
+                    const std::size_t k = last_mark_.stack;
+                    if (k - (marks_.empty() ? 0 : marks_.back().stack) < 1)
+                        malformed("stack underflow (needs 1 values above the last MARK)");
+                    const MarkRec rec = last_mark_;
+                    if (!claim(items, k - 1, &rec)) extend(stack_[k - 1], Kind::List, items);
+                    stack_.resize(k);
                     break;
                 }
                 case ADDITEMS: {
@@ -259,11 +271,14 @@ public:
                     break;
                 }
                 case SETITEMS: {
-                    auto items = pop_mark();
+                    const auto items = mark_items();
+                    const std::size_t k = last_mark_.stack;
                     if (items.size() % 2) malformed("SETITEMS with an odd number of items");
-                    need_stack(1);
+                    if (k - (marks_.empty() ? 0 : marks_.back().stack) < 1)
+                        malformed("stack underflow (needs 1 values above the last MARK)");
                     check_keys(items);
-                    extend(stack_.back(), Kind::Dict, items);
+                    extend(stack_[k - 1], Kind::Dict, items);
+                    stack_.resize(k);
                     break;
                 }
 
@@ -359,8 +374,9 @@ private:
 
     // --- nodes --------------------------------------------------------------
     Id new_node(Node node) {
-        if (doc_.nodes_.size() >= lim_.max_nodes || doc_.nodes_.size() >= std::numeric_limits<Id>::max())
+        if (doc_.created_ >= lim_.max_nodes || doc_.nodes_.size() >= kConsumed)
             malformed("more than " + std::to_string(lim_.max_nodes) + " values");
+        ++doc_.created_;
         doc_.nodes_.push_back(node);
         return static_cast<Id>(doc_.nodes_.size() - 1);
     }
@@ -464,7 +480,7 @@ private:
     }
 
     // --- stack --------------------------------------------------------------
-    std::size_t avail() const { return stack_.size() - (marks_.empty() ? 0 : marks_.back()); }
+    std::size_t avail() const { return stack_.size() - (marks_.empty() ? 0 : marks_.back().stack); }
     void need_stack(std::size_t k) {
         if (avail() < k) malformed("stack underflow (needs " + std::to_string(k) + " values above the last MARK)");
     }
@@ -472,10 +488,21 @@ private:
         if (stack_.size() >= lim_.max_container) malformed("stack deeper than " + std::to_string(lim_.max_container));
         stack_.push_back(id);
     }
+    // The items above the last MARK, left on the stack (the caller resizes
+    // it to last_mark_.stack when done); the MARK is popped.
+    std::span<const Id> mark_items() {
+        if (marks_.empty()) malformed("no MARK to pop to");
+        last_mark_ = marks_.back();
+        marks_.pop_back();
+        if (!marks_.empty()) marks_.back().min_ext = std::min(marks_.back().min_ext, last_mark_.min_ext);
+        return {stack_.data() + last_mark_.stack, stack_.size() - last_mark_.stack};
+    }
     std::vector<Id> pop_mark() {
         if (marks_.empty()) malformed("no MARK to pop to");
-        const std::size_t k = marks_.back();
+        last_mark_ = marks_.back();
+        const std::size_t k = last_mark_.stack;
         marks_.pop_back();
+        if (!marks_.empty()) marks_.back().min_ext = std::min(marks_.back().min_ext, last_mark_.min_ext);
         std::vector<Id> items(stack_.begin() + static_cast<std::ptrdiff_t>(k), stack_.end());
         stack_.resize(k);
         return items;
@@ -487,6 +514,7 @@ private:
         }
     }
     void extend(Id target, Kind want, std::span<const Id> items) {
+        if (!marks_.empty()) marks_.back().min_ext = std::min(marks_.back().min_ext, target);
         Node& t = doc_.nodes_[target];
         if (t.kind != want)
             malformed(std::string("adds items to ") + kind_name(t.kind) + ", expected " + kind_name(want));
@@ -519,9 +547,11 @@ private:
     // other key in a map. A file of MEMOIZE opcodes costs 4 bytes per byte
     // read, not a hash node per byte.
     static constexpr Id kNoMemo = std::numeric_limits<Id>::max();  // never a node id (new_node stops below it)
+    static constexpr Id kConsumed = kNoMemo - 1;  // a dict handed to the ListSink and freed
     void memo_put(std::uint64_t key) {
         need_stack(1);
         const Id v = stack_.back();
+        if (stream_) memo_log_.push_back(key);
         if (key < memo_dense_.size() && memo_dense_[key] != kNoMemo) {
             memo_dense_[key] = v;
             return;
@@ -543,10 +573,128 @@ private:
         }
     }
     void memo_get(std::uint64_t key) {
-        if (key < memo_dense_.size() && memo_dense_[key] != kNoMemo) return push(memo_dense_[key]);
+        Id* v = memo_slot(key);
+        if (!v) malformed("memo key " + std::to_string(key) + " was never stored");
+        if (*v == kConsumed)
+            malformed("memo key " + std::to_string(key) + " refers to a " + std::string(stream_->key) +
+                      " entry that was already read; a snapshot never repeats one");
+        push(*v);
+    }
+    Id* memo_slot(std::uint64_t key) {
+        if (key < memo_dense_.size() && memo_dense_[key] != kNoMemo) return &memo_dense_[key];
         const auto it = memo_sparse_.find(key);
-        if (it == memo_sparse_.end()) malformed("memo key " + std::to_string(key) + " was never stored");
-        push(it->second);
+        return it == memo_sparse_.end() ? nullptr : &it->second;
+    }
+
+    // --- streaming ------------------------------------------------------------
+    // `items` are being appended to the list on top of the stack. When that
+    // list is dict[key][i] of the top-level dict (still being filled: the
+    // stack holds root, MARK, ..., key, list-of-lists, MARK, ..., list), the
+    // sink gets them instead of the list, and after a MARK ... APPENDS batch
+    // (`rec` its MARK) the nodes made since the MARK are freed.
+    bool claim(std::span<const Id> items, std::size_t p, const MarkRec* rec) {
+        if (!stream_ || items.empty() || marks_.size() < 2) return false;
+        const Id list = stack_[p];
+        const Node& ln = doc_.nodes_[list];
+        if (ln.kind != Kind::List || ln.ref != Document::kNoItems || ln.flags) return false;
+        const MarkRec& m0 = marks_[marks_.size() - 2];
+        const MarkRec& m1 = marks_.back();
+        if (m0.stack != 1 || doc_.nodes_[stack_[0]].kind != Kind::Dict) return false;
+        if (m1.stack < m0.stack + 2 || (m1.stack - 1 - m0.stack) % 2 != 1) return false;
+        const Id outer = stack_[m1.stack - 1];
+        const Id key = stack_[m1.stack - 2];
+        if (doc_.nodes_[outer].kind != Kind::List || doc_.nodes_[key].kind != Kind::String ||
+            doc_.as_string(key) != stream_->key)
+            return false;
+        if (p < m1.stack) return false;
+        if (stream_->claimed && (stream_->root != stack_[0] || stream_->list != outer)) return false;
+        stream_->claimed = true;
+        stream_->root = stack_[0];
+        stream_->list = outer;
+        stream_->sink->items(doc_, doc_.items(outer).size() + (p - m1.stack), items);
+        if (rec) release(*rec, items);
+        stream_->sink->progress(op_pos_);
+        return true;
+    }
+
+    // Frees the nodes made since MARK `rec` (the batch just handed over)
+    // unless an older container was changed meanwhile. Memo entries that
+    // refer to them are kept valid: claimed dicts become kConsumed, lists
+    // the sink summarized become summary nodes, anything else is copied.
+    void release(const MarkRec& rec, std::span<const Id> items) {
+        const auto W = static_cast<Id>(rec.nodes);
+        if (rec.min_ext < W) return;
+        std::vector<Id> claimed;
+        for (Id i : items)
+            if (i >= W) claimed.push_back(i);
+        std::sort(claimed.begin(), claimed.end());
+        std::unordered_map<Id, Id> moved;  // young id -> its id after the release
+        std::vector<Node> nodes;
+        std::vector<std::string> strings;
+        std::vector<std::vector<Id>> containers;
+        std::vector<Id*> fix;  // memo slots to point at moved nodes
+        std::vector<Id> todo;
+        auto copy = [&](Id x) {
+            const auto it = moved.find(x);
+            if (it != moved.end()) return;
+            const auto nid = static_cast<Id>(W + nodes.size());
+            moved.emplace(x, nid);
+            Node n = doc_.nodes_[x];
+            if (n.kind == Kind::String || n.kind == Kind::Bytes || n.kind == Kind::BigInt) {
+                strings.push_back(std::move(doc_.strings_[n.ref]));
+                n.ref = static_cast<std::uint32_t>(rec.strings + strings.size() - 1);
+            } else if (n.ref != Document::kNoItems &&
+                       (n.kind == Kind::List || n.kind == Kind::Tuple || n.kind == Kind::Dict || n.kind == Kind::Set)) {
+                containers.push_back(std::move(doc_.containers_[n.ref]));
+                n.ref = static_cast<std::uint32_t>(rec.containers + containers.size() - 1);
+                for (Id c : containers.back())
+                    if (c >= W) todo.push_back(c);
+            }
+            nodes.push_back(n);
+        };
+        for (std::size_t k = rec.memolog; k < memo_log_.size(); ++k) {
+            Id* slot = memo_slot(memo_log_[k]);
+            if (!slot || *slot >= kConsumed || *slot < W) continue;
+            const Id v = *slot;
+            if (std::binary_search(claimed.begin(), claimed.end(), v)) {
+                *slot = kConsumed;
+                continue;
+            }
+            fix.push_back(slot);
+            if (moved.count(v)) continue;
+            const Node& n = doc_.nodes_[v];
+            if (n.kind == Kind::List && !n.flags) {
+                if (const auto sum = stream_->sink->summary(v)) {
+                    Node c;
+                    c.kind = Kind::List;
+                    c.flags = Document::kSummary;
+                    c.height = n.height;
+                    c.ref = Document::kNoItems;
+                    c.payload = *sum;
+                    moved.emplace(v, static_cast<Id>(W + nodes.size()));
+                    nodes.push_back(c);
+                    continue;
+                }
+            }
+            todo.push_back(v);
+            while (!todo.empty()) {
+                const Id x = todo.back();
+                todo.pop_back();
+                copy(x);
+            }
+        }
+        for (auto& c : containers)
+            for (Id& i : c)
+                if (i >= W) i = moved.at(i);
+        for (Id* slot : fix) *slot = moved.at(*slot);
+        memo_log_.resize(rec.memolog);
+        doc_.nodes_.resize(W);
+        doc_.strings_.resize(rec.strings);
+        doc_.containers_.resize(rec.containers);
+        doc_.nodes_.insert(doc_.nodes_.end(), nodes.begin(), nodes.end());
+        for (auto& x : strings) doc_.strings_.push_back(std::move(x));
+        for (auto& x : containers) doc_.containers_.push_back(std::move(x));
+        stream_->sink->released(W);
     }
 
     std::string_view data_;
@@ -554,8 +702,11 @@ private:
     Limits lim_;
     std::size_t pos_ = 0;
     std::size_t op_pos_ = 0;
+    StreamSpec* stream_;
     std::vector<Id> stack_;
-    std::vector<std::size_t> marks_;
+    std::vector<MarkRec> marks_;
+    MarkRec last_mark_{};
+    std::vector<std::uint64_t> memo_log_;  // memo keys stored (streaming only)
     std::vector<Id> memo_dense_;
     std::unordered_map<std::uint64_t, Id> memo_sparse_;
     std::size_t memo_count_ = 0;
@@ -563,9 +714,14 @@ private:
 };
 
 Result<Document> parse(std::string_view data, const std::string& origin, const Limits& limits) {
+    StreamSpec none;
+    return parse(data, origin, limits, none);
+}
+
+Result<Document> parse(std::string_view data, const std::string& origin, const Limits& limits, StreamSpec& stream) {
     return capture([&]() -> Result<Document> {
         try {
-            Parser p(data, origin, limits);
+            Parser p(data, origin, limits, &stream);
             return p.run();
         } catch (const std::bad_alloc&) {
             return Error{ErrorCode::ParseError, origin + ": out of memory while reading the pickle", origin};

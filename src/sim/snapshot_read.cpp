@@ -8,8 +8,16 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <limits>
+#include <span>
+#include <type_traits>
 #include <unordered_map>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -187,6 +195,14 @@ void vfor_each(PRef r, std::size_t limit, F&& f) {
     for (std::size_t i = 0; i + 1 < it.size() && i / 2 < limit; i += 2) f(key_text(PRef{r.d, it[i]}), PRef{r.d, it[i + 1]});
 }
 std::uint64_t videntity(PRef r) { return r.id; }
+std::optional<std::int64_t> vsummary(PRef r) { return r.d->summary(r.id); }
+// Calls f(key, value) for every entry of a dict whose key is a string, in order.
+template <class F>
+void vfor_each_str(PRef r, F&& f) {
+    const auto it = r.d->items(r.id);
+    for (std::size_t i = 0; i + 1 < it.size(); i += 2)
+        if (r.d->kind(it[i]) == pickle::Kind::String) f(r.d->as_string(it[i]), PRef{r.d, it[i + 1]});
+}
 
 using json = nlohmann::json;
 struct JRef {
@@ -222,6 +238,11 @@ std::optional<JRef> vget(JRef r, std::string_view key) {
     return JRef{&*it};
 }
 std::uint64_t videntity(JRef r) { return reinterpret_cast<std::uintptr_t>(r.j); }
+std::optional<std::int64_t> vsummary(JRef) { return std::nullopt; }
+template <class F>
+void vfor_each_str(JRef r, F&& f) {
+    for (auto it = r.j->begin(); it != r.j->end(); ++it) f(std::string_view(it.key()), JRef{&it.value()});
+}
 template <class F>
 void vfor_each(JRef r, std::size_t limit, F&& f) {
     std::size_t n = 0;
@@ -252,6 +273,41 @@ template <class R>
 class Reader {
 public:
     Reader(Snapshot& out, std::size_t budget) : out_(out), budget_(budget) {}
+
+    // Streaming: entries go to `sink`; a pickle's visit budget follows the
+    // values created so far (`doc`).
+    void stream_to(TraceEntrySink* sink, const pickle::Document* doc) {
+        sink_ = sink;
+        budget_doc_ = doc;
+    }
+    // A batch of trace entries of device `d` (streaming).
+    void entries(std::size_t d, std::span<const R> items) {
+        const Path dp{nullptr, "device_traces"};
+        if (d >= 65536) value_error(dp, "more than 65536 devices");
+        if (out_.streamed_entries.size() <= d) out_.streamed_entries.resize(d + 1);
+        const Path p{&dp, {}, static_cast<std::int64_t>(d)};
+        // A JSON entry is built at the same address each time: its frames
+        // are never the same list as anything else's (JSON shares nothing).
+        cache_frames_ = !std::is_same_v<R, JRef>;
+        for (const R& e : items) {
+            const auto i = out_.streamed_entries[d];
+            const Path ep{&p, {}, i};
+            emit(d, i, read_entry(require_dict(e, ep), ep));
+        }
+        cache_frames_ = true;
+    }
+    std::optional<std::int64_t> frames_summary(std::uint64_t ident) const {
+        const auto it = frame_cache_.find(ident);
+        if (it == frame_cache_.end()) return std::nullopt;
+        return it->second;
+    }
+    // Nodes from `from` on were freed: identities cached for them are stale.
+    void forget_from(std::uint64_t from) {
+        for (auto it = frame_cache_.begin(); it != frame_cache_.end();) {
+            if (it->first >= from) it = frame_cache_.erase(it);
+            else ++it;
+        }
+    }
 
     void read_root(R root) {
         const Path top{};
@@ -287,7 +343,7 @@ private:
     // --- helpers -------------------------------------------------------------
     void charge(std::size_t n) {
         visits_ += n + 1;
-        if (visits_ > budget_)
+        if (visits_ > budget_ && (!budget_doc_ || visits_ > 8 * budget_doc_->created_count() + (1u << 20)))
             fail(ErrorCode::ParseError, out_.origin,
                  out_.origin + ": too many shared references (the pickle reuses objects far more than a snapshot does)");
     }
@@ -384,10 +440,14 @@ private:
 
     // --- frames ---------------------------------------------------------------
     std::int32_t top_frame(R frames, const Path& p) {
+        if (const auto s = vsummary(frames)) {
+            charge(0);
+            return static_cast<std::int32_t>(*s);
+        }
         if (vkind(frames) == VKind::Null) return -1;
         if (vkind(frames) != VKind::List) type_error(p, "a list of frames", frames);
         const auto ident = videntity(frames);
-        if (const auto it = frame_cache_.find(ident); it != frame_cache_.end()) {
+        if (const auto it = cache_frames_ ? frame_cache_.find(ident) : frame_cache_.end(); it != frame_cache_.end()) {
             charge(0);
             return it->second;
         }
@@ -412,7 +472,7 @@ private:
         }
         std::int32_t idx = -1;
         if (first_py || first) idx = intern(first_py ? *first_py : *first);
-        frame_cache_.emplace(ident, idx);
+        if (cache_frames_) frame_cache_.emplace(ident, idx);
         return idx;
     }
     std::int32_t intern(const SnapshotFrame& f) {
@@ -513,35 +573,66 @@ private:
         const std::size_t nd = vsize(dt);
         if (nd > 65536) value_error(dp, "more than 65536 devices");
         out_.device_traces.resize(nd);
+        if (sink_) out_.streamed_entries.resize(std::max(out_.streamed_entries.size(), nd));
         for (std::size_t d = 0; d < nd; ++d) {
             const Path p{&dp, {}, static_cast<std::int64_t>(d)};
             const R list = vat(dt, d);
             if (vkind(list) == VKind::Null) continue;
             require_list(list, p);
             const std::size_t n = vsize(list);
-            auto& entries = out_.device_traces[d];
-            entries.reserve(n);
+            // Entries streamed during the parse come first (they were appended first).
+            const std::int64_t first = sink_ ? out_.streamed_entries[d] : 0;
+            if (!sink_) out_.device_traces[d].reserve(n);
             for (std::size_t i = 0; i < n; ++i) {
-                const Path ep{&p, {}, static_cast<std::int64_t>(i)};
+                const Path ep{&p, {}, first + static_cast<std::int64_t>(i)};
                 const R e = require_dict(vat(list, i), ep);
-                SnapshotTraceEntry te;
-                const auto action = opt_str(e, "action", ep);
-                if (!action) value_error(Path{&ep, "action"}, "missing (a string is required)");
-                te.action = parse_action(*action);
-                te.addr = opt_int(e, "addr", ep, true).value_or(0);
-                te.size = Bytes(account(opt_int(e, "size", ep, true).value_or(0), ep));
-                te.stream = opt_int(e, "stream", ep, false).value_or(0);
-                if (const auto t = vget(e, "time_us"); t && vkind(*t) == VKind::Float) {
-                    const double x = vfloat(*t);
-                    te.time_us = (x > -9e18 && x < 9e18) ? static_cast<std::int64_t>(x) : 0;
-                } else {
-                    te.time_us = opt_int(e, "time_us", ep, false).value_or(0);
-                }
-                te.device_free = Bytes(account(opt_int(e, "device_free", ep, true).value_or(0), ep));
-                if (const auto f = vget(e, "frames")) te.frame = top_frame(*f, Path{&ep, "frames"});
-                entries.push_back(te);
+                emit(d, first + static_cast<std::int64_t>(i), read_entry(e, ep));
             }
         }
+    }
+    void emit(std::size_t d, std::int64_t i, const SnapshotTraceEntry& te) {
+        if (!sink_) {
+            out_.device_traces[d].push_back(te);
+            return;
+        }
+        ++out_.streamed_entries[d];
+        sink_->entry(static_cast<int>(d), i, te);
+    }
+    // One trace entry. The dict is walked once (the last of repeated keys
+    // wins, as a lookup from the end finds it); the fields are then checked
+    // in a fixed order, so the first bad one is the one named.
+    SnapshotTraceEntry read_entry(R e, const Path& ep) {
+        std::optional<R> f_action, f_addr, f_size, f_stream, f_time, f_free, f_frames;
+        vfor_each_str(e, [&](std::string_view k, R v) {
+            if (k == "action") f_action = v;
+            else if (k == "addr") f_addr = v;
+            else if (k == "size") f_size = v;
+            else if (k == "stream") f_stream = v;
+            else if (k == "time_us") f_time = v;
+            else if (k == "device_free") f_free = v;
+            else if (k == "frames") f_frames = v;
+        });
+        auto field_int = [&](const std::optional<R>& v, std::string_view key, bool nonneg) -> std::optional<std::int64_t> {
+            if (!v || vkind(*v) == VKind::Null) return std::nullopt;
+            const Path p{&ep, key};
+            return nonneg ? as_size(*v, p) : as_int(*v, p);
+        };
+        SnapshotTraceEntry te;
+        if (!f_action || vkind(*f_action) == VKind::Null) value_error(Path{&ep, "action"}, "missing (a string is required)");
+        if (vkind(*f_action) != VKind::String) type_error(Path{&ep, "action"}, "a string", *f_action);
+        te.action = parse_action(vstr(*f_action));  // (cleaning the text cannot make it match)
+        te.addr = field_int(f_addr, "addr", true).value_or(0);
+        te.size = Bytes(account(field_int(f_size, "size", true).value_or(0), ep));
+        te.stream = field_int(f_stream, "stream", false).value_or(0);
+        if (f_time && vkind(*f_time) == VKind::Float) {
+            const double x = vfloat(*f_time);
+            te.time_us = (x > -9e18 && x < 9e18) ? static_cast<std::int64_t>(x) : 0;
+        } else {
+            te.time_us = field_int(f_time, "time_us", false).value_or(0);
+        }
+        te.device_free = Bytes(account(field_int(f_free, "device_free", true).value_or(0), ep));
+        if (f_frames) te.frame = top_frame(*f_frames, Path{&ep, "frames"});
+        return te;
     }
     static TraceAction parse_action(std::string_view a) {
         if (a == "alloc") return TraceAction::Alloc;
@@ -559,6 +650,7 @@ private:
     void finish_layout() {
         bool any_entries = false;
         for (const auto& d : out_.device_traces) any_entries = any_entries || !d.empty();
+        for (const auto n : out_.streamed_entries) any_entries = any_entries || n > 0;
         if (any_entries) out_.layout = SnapshotLayout::DeviceTraces;
         else if (has_history_) out_.layout = SnapshotLayout::BlockHistory;
         else out_.layout = SnapshotLayout::SegmentsOnly;
@@ -566,6 +658,9 @@ private:
 
     Snapshot& out_;
     std::size_t budget_;
+    TraceEntrySink* sink_ = nullptr;
+    bool cache_frames_ = true;
+    const pickle::Document* budget_doc_ = nullptr;
     std::size_t visits_ = 0;
     std::int64_t total_ = 0;
     bool has_history_ = false;
@@ -575,7 +670,364 @@ private:
 };
 
 
-Snapshot parse_json(std::string_view data, const std::string& origin) {
+Snapshot parse_json(std::string_view data, const std::string& origin, TraceEntrySink* sink = nullptr);
+
+// Called with the byte the parser has reached (streaming: pages before it can go).
+using Progress = std::function<void(std::size_t)>;
+
+// Reads JSON text with nlohmann's SAX parser, building the document except
+// for the trace entries (root["device_traces"][d][i]): each is built alone
+// and handed to the Reader when it ends. Nesting deeper than kMaxJsonDepth
+// stops the parse where it happens (the message check_json_depth gives).
+class JsonStream {
+public:
+    using string_t = json::string_t;
+    using number_integer_t = json::number_integer_t;
+    using number_unsigned_t = json::number_unsigned_t;
+    using number_float_t = json::number_float_t;
+    using binary_t = json::binary_t;
+
+    JsonStream(Reader<JRef>& r, std::string_view text, const std::string& origin) : r_(r), text_(text), origin_(origin) {}
+
+    json& root() { return root_; }
+    int device_traces_keys() const { return dt_keys_; }
+
+    bool null() { return value(json(nullptr)); }
+    bool boolean(bool v) { return value(json(v)); }
+    bool number_integer(number_integer_t v) { return value(json(v)); }
+    bool number_unsigned(number_unsigned_t v) { return value(json(v)); }
+    bool number_float(number_float_t v, const string_t&) { return value(json(v)); }
+    bool string(string_t& v) { return value(json(std::move(v))); }
+    bool binary(binary_t& v) { return value(json::binary(std::move(v))); }
+    bool start_object(std::size_t) { return open(json::value_t::object); }
+    bool start_array(std::size_t) { return open(json::value_t::array); }
+    bool key(string_t& k) {
+        if (levels_.size() == 1 && k == "device_traces") ++dt_keys_;
+        levels_.back().key = std::move(k);
+        return true;
+    }
+    bool end_object() { return close(); }
+    bool end_array() { return close(); }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+        fail(ErrorCode::ParseError, origin_, origin_ + ": not valid JSON: " + e.what());
+    }
+
+private:
+    enum Role : std::uint8_t { Plain, DeviceTraces, DeviceList, Entry };
+    struct Level {
+        json* v;
+        Role role;
+        std::string key;  // objects: the key of the value being read
+    };
+
+    // Where a new value goes: the root, an array's end or an object's key.
+    json* slot() {
+        if (levels_.empty()) return &root_;
+        Level& l = levels_.back();
+        if (l.v->is_array()) {
+            l.v->push_back(json());
+            return &l.v->back();
+        }
+        return &(*l.v)[l.key];
+    }
+    bool value(json&& v) {
+        if (!levels_.empty() && levels_.back().role == DeviceList) {
+            entry_ = std::move(v);
+            deliver();
+            return true;
+        }
+        *slot() = std::move(v);
+        return true;
+    }
+    bool open(json::value_t t) {
+        if (static_cast<int>(levels_.size()) >= kMaxJsonDepth) {
+            check_json_depth(text_, origin_);  // throws the message naming the byte
+            fail(ErrorCode::ParseError, origin_,
+                 origin_ + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+        }
+        Role role = Plain;
+        json* v = nullptr;
+        if (!levels_.empty() && levels_.back().role == DeviceList) {
+            role = Entry;
+            entry_ = json(t);
+            v = &entry_;
+        } else {
+            if (levels_.size() == 1 && levels_[0].v->is_object() && levels_[0].key == "device_traces" &&
+                t == json::value_t::array) {
+                role = DeviceTraces;
+            } else if (!levels_.empty() && levels_.back().role == DeviceTraces && t == json::value_t::array) {
+                role = DeviceList;
+                device_ = levels_.back().v->size();
+            }
+            v = slot();
+            *v = json(t);
+        }
+        levels_.push_back(Level{v, role, {}});
+        return true;
+    }
+    bool close() {
+        const Role role = levels_.back().role;
+        levels_.pop_back();
+        if (role == Entry) deliver();
+        return true;
+    }
+    void deliver() {
+        const JRef e{&entry_};
+        r_.entries(device_, std::span<const JRef>(&e, 1));
+        entry_ = json();
+    }
+
+    Reader<JRef>& r_;
+    std::string_view text_;
+    const std::string& origin_;
+    json root_;
+    json entry_;
+    std::vector<Level> levels_;
+    std::size_t device_ = 0;
+    int dt_keys_ = 0;
+};
+
+// An input iterator over mapped text that calls `progress` every 64 MiB.
+class ProgressIter {
+public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = char;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const char*;
+    using reference = const char&;
+    ProgressIter() = default;
+    ProgressIter(const char* p, const char* base, const Progress* progress)
+        : p_(p), base_(base), next_(progress && *progress ? p + kStep : nullptr), progress_(progress) {}
+    reference operator*() const { return *p_; }
+    ProgressIter& operator++() {
+        if (++p_ == next_) {
+            (*progress_)(static_cast<std::size_t>(p_ - base_));
+            next_ += kStep;
+        }
+        return *this;
+    }
+    ProgressIter operator++(int) {
+        ProgressIter t = *this;
+        ++*this;
+        return t;
+    }
+    bool operator==(const ProgressIter& o) const { return p_ == o.p_; }
+    bool operator!=(const ProgressIter& o) const { return p_ != o.p_; }
+
+private:
+    static constexpr std::ptrdiff_t kStep = 64 << 20;
+    const char* p_ = nullptr;
+    const char* base_ = nullptr;
+    const char* next_ = nullptr;
+    const Progress* progress_ = nullptr;
+};
+
+// The common case of snapshot JSON, read fast: the same SAX calls as
+// nlohmann's parser makes on it (numbers converted as it converts them:
+// integers without fraction or exponent as int64 when negative, else uint64,
+// falling back to double when they overflow; others with from_chars, which
+// rounds correctly as strtod does). It gives up (returns false) on anything
+// else — escapes or non-ASCII in strings, any syntax it does not expect —
+// and the caller reads the text again with nlohmann's parser, which then
+// accepts it or names the error as it always did.
+class FastJson {
+public:
+    FastJson(std::string_view text, JsonStream& sax, const Progress& progress)
+        : p_(text.data()), base_(text.data()), end_(text.data() + text.size()), sax_(sax), progress_(progress) {
+        next_ = progress_ ? p_ + kStep : end_ + 1;
+    }
+    bool run() {
+        ws();
+        if (!value()) return false;
+        ws();
+        return p_ == end_;
+    }
+
+private:
+    static constexpr std::ptrdiff_t kStep = 32 << 20;
+    void ws() {
+        while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+    }
+    bool lit(std::string_view w) {
+        if (static_cast<std::size_t>(end_ - p_) < w.size() || std::string_view(p_, w.size()) != w) return false;
+        p_ += w.size();
+        return true;
+    }
+    bool str(std::string& out) {
+        ++p_;  // the opening quote
+        const char* b = p_;
+        while (p_ < end_) {
+            const auto c = static_cast<unsigned char>(*p_);
+            if (c == '"') {
+                out.assign(b, p_);
+                ++p_;
+                return true;
+            }
+            if (c == '\\' || c < 0x20 || c >= 0x80) return false;
+            ++p_;
+        }
+        return false;
+    }
+    bool number() {
+        const char* b = p_;
+        bool neg = false, integer = true;
+        if (*p_ == '-') neg = true, ++p_;
+        if (p_ == end_) return false;
+        if (*p_ == '0') {
+            ++p_;
+            if (p_ < end_ && *p_ >= '0' && *p_ <= '9') return false;
+        } else if (*p_ >= '1' && *p_ <= '9') {
+            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+        } else {
+            return false;
+        }
+        if (p_ < end_ && *p_ == '.') {
+            integer = false;
+            ++p_;
+            const char* d = p_;
+            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+            if (p_ == d) return false;
+        }
+        if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
+            integer = false;
+            ++p_;
+            if (p_ < end_ && (*p_ == '+' || *p_ == '-')) ++p_;
+            const char* d = p_;
+            while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+            if (p_ == d) return false;
+        }
+        if (integer) {
+            if (neg) {
+                std::int64_t v = 0;
+                const auto r = std::from_chars(b, p_, v);
+                if (r.ec == std::errc() && r.ptr == p_) return sax_.number_integer(v);
+            } else {
+                std::uint64_t v = 0;
+                const auto r = std::from_chars(b, p_, v);
+                if (r.ec == std::errc() && r.ptr == p_) return sax_.number_unsigned(v);
+            }
+        }
+        double v = 0;
+        const auto r = std::from_chars(b, p_, v);
+        if (r.ec != std::errc() || r.ptr != p_) return false;
+        static const std::string none;
+        return sax_.number_float(v, none);
+    }
+    bool value() {
+        if (p_ == end_) return false;
+        if (p_ >= next_) {
+            progress_(static_cast<std::size_t>(p_ - base_));
+            next_ = p_ + kStep;
+        }
+        switch (*p_) {
+            case '{': {
+                ++p_;
+                sax_.start_object(static_cast<std::size_t>(-1));
+                ws();
+                if (p_ < end_ && *p_ == '}') {
+                    ++p_;
+                    return sax_.end_object();
+                }
+                while (true) {
+                    if (p_ == end_ || *p_ != '"' || !str(key_)) return false;
+                    sax_.key(key_);
+                    ws();
+                    if (p_ == end_ || *p_ != ':') return false;
+                    ++p_;
+                    ws();
+                    if (!value()) return false;
+                    ws();
+                    if (p_ == end_) return false;
+                    if (*p_ == ',') {
+                        ++p_;
+                        ws();
+                        continue;
+                    }
+                    if (*p_ != '}') return false;
+                    ++p_;
+                    return sax_.end_object();
+                }
+            }
+            case '[': {
+                ++p_;
+                sax_.start_array(static_cast<std::size_t>(-1));
+                ws();
+                if (p_ < end_ && *p_ == ']') {
+                    ++p_;
+                    return sax_.end_array();
+                }
+                while (true) {
+                    if (!value()) return false;
+                    ws();
+                    if (p_ == end_) return false;
+                    if (*p_ == ',') {
+                        ++p_;
+                        ws();
+                        continue;
+                    }
+                    if (*p_ != ']') return false;
+                    ++p_;
+                    return sax_.end_array();
+                }
+            }
+            case '"': {
+                std::string v;
+                if (!str(v)) return false;
+                return sax_.string(v);
+            }
+            case 't': return lit("true") && sax_.boolean(true);
+            case 'f': return lit("false") && sax_.boolean(false);
+            case 'n': return lit("null") && sax_.null();
+            default: return number();
+        }
+    }
+
+    const char* p_;
+    const char* base_;
+    const char* end_;
+    const char* next_;
+    JsonStream& sax_;
+    const Progress& progress_;
+    std::string key_;
+};
+
+Snapshot parse_json_streaming(std::string_view data, const std::string& origin, TraceEntrySink& sink,
+                              const Progress& progress) {
+    Snapshot snap;
+    snap.origin = origin;
+    snap.format = "json";
+    {
+        Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
+        reader.stream_to(&sink, nullptr);
+        JsonStream handler(reader, data, origin);
+        if (FastJson(data, handler, progress).run()) {
+            if (handler.device_traces_keys() <= 1) {
+                reader.read_root(JRef{&handler.root()});
+                return snap;
+            }
+        }
+    }
+    sink.restart();
+    snap = Snapshot{};
+    snap.origin = origin;
+    snap.format = "json";
+    {
+        Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
+        reader.stream_to(&sink, nullptr);
+        JsonStream handler(reader, data, origin);
+        const ProgressIter first(data.data(), data.data(), &progress), last(data.data() + data.size(), data.data(), nullptr);
+        json::sax_parse(first, last, &handler);
+        if (handler.device_traces_keys() <= 1) {
+            reader.read_root(JRef{&handler.root()});
+            return snap;
+        }
+    }
+    // "device_traces" twice at the top: the last one counts; read it whole.
+    sink.restart();
+    return parse_json(data, origin, &sink);
+}
+
+Snapshot parse_json(std::string_view data, const std::string& origin, TraceEntrySink* sink) {
     // Nesting is bounded by a linear scan first (a snapshot nests ~6 levels);
     // the plain parse then builds the DOM in linear time. (nlohmann's callback
     // parser rescans the parent array at every object's end: quadratic.)
@@ -590,23 +1042,129 @@ Snapshot parse_json(std::string_view data, const std::string& origin) {
     snap.origin = origin;
     snap.format = "json";
     Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
+    reader.stream_to(sink, nullptr);
     reader.read_root(JRef{&doc});
     return snap;
 }
 
-Snapshot parse_pickle(std::string_view data, const std::string& origin) {
-    auto doc = pickle::parse(data, origin);
-    if (!doc) throw InputError(doc.error());
-    const pickle::Document& d = doc.value();
+// Hands the trace entries of a pickle to the Reader as the parser appends them.
+class PickleEntries final : public pickle::ListSink {
+public:
+    PickleEntries(Reader<PRef>& r, TraceEntrySink* sink, Progress progress)
+        : r_(r), sink_(sink), progress_(std::move(progress)) {}
+    void items(const pickle::Document& doc, std::size_t list, std::span<const pickle::Document::Id> items) override {
+        r_.stream_to(sink_, &doc);
+        buf_.clear();
+        for (const auto id : items) buf_.push_back(PRef{&doc, id});
+        r_.entries(list, buf_);
+    }
+    std::optional<std::int64_t> summary(pickle::Document::Id list) override { return r_.frames_summary(list); }
+    void released(pickle::Document::Id from) override { r_.forget_from(from); }
+    void progress(std::size_t pos) override {
+        if (progress_) progress_(pos);
+    }
+
+private:
+    Reader<PRef>& r_;
+    TraceEntrySink* sink_;
+    Progress progress_;
+    std::vector<PRef> buf_;
+};
+
+Snapshot parse_pickle(std::string_view data, const std::string& origin, TraceEntrySink* sink = nullptr,
+                      const Progress& progress = {}) {
     Snapshot snap;
     snap.origin = origin;
     snap.format = "pickle";
+    if (sink) {
+        // Streaming: trace entries are read as they are parsed and freed.
+        Reader<PRef> reader(snap, 0);
+        PickleEntries entries(reader, sink, progress);
+        pickle::StreamSpec spec;
+        spec.key = "device_traces";
+        spec.sink = &entries;
+        auto doc = pickle::parse(data, origin, {}, spec);
+        if (!doc) throw InputError(doc.error());
+        const pickle::Document& d = doc.value();
+        const bool same = !spec.claimed || (d.root() == spec.root && d.find(d.root(), "device_traces") == spec.list);
+        if (same) {
+            snap.pickle_protocol = d.protocol();
+            reader.stream_to(sink, &d);
+            reader.read_root(PRef{&d, d.root()});
+            return snap;
+        }
+        // The entries went under a device_traces list that is not the
+        // document's in the end (a repeated key): read it whole instead.
+        sink->restart();
+        snap = Snapshot{};
+        snap.origin = origin;
+        snap.format = "pickle";
+    }
+    auto doc = pickle::parse(data, origin);
+    if (!doc) throw InputError(doc.error());
+    const pickle::Document& d = doc.value();
     snap.pickle_protocol = d.protocol();
     // A snapshot visits each node about once; sharing (frames) is cached.
     const std::size_t budget = 8 * d.node_count() + (1u << 20);
     Reader<PRef> reader(snap, budget);
+    reader.stream_to(sink, nullptr);
     reader.read_root(PRef{&d, d.root()});
     return snap;
+}
+
+// The file mapped read-only. Pages the parser has passed are dropped from
+// the process as it goes (they stay in the page cache), so the resident
+// size does not grow with the file.
+class MappedFile {
+public:
+    explicit MappedFile(const std::string& path) {
+        const std::int64_t size = check_input_file(path, kMaxSnapshotBytes, "snapshot");
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        struct stat st {};
+        if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == size && size > 0) {
+            void* p = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+            if (p != MAP_FAILED) {
+                map_ = static_cast<const char*>(p);
+                size_ = static_cast<std::size_t>(size);
+                ::madvise(p, size_, MADV_SEQUENTIAL);
+            }
+        }
+        if (fd >= 0) ::close(fd);
+        // Not mappable (or changed since the check): read it, with its checks.
+        if (!map_) copy_ = read_input_file(path, kMaxSnapshotBytes, "snapshot");
+    }
+    ~MappedFile() {
+        if (map_) ::munmap(const_cast<char*>(map_), size_);
+    }
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+
+    [[nodiscard]] std::string_view data() const { return map_ ? std::string_view(map_, size_) : std::string_view(copy_); }
+    // The parser is at `pos`: drop the pages more than 1 MiB behind it.
+    void passed(std::size_t pos) {
+        if (!map_) return;
+        const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+        const std::size_t upto = pos > (1u << 20) ? ((pos - (1u << 20)) / page) * page : 0;
+        if (upto < dropped_ + (32u << 20)) return;
+        ::madvise(const_cast<char*>(map_) + dropped_, upto - dropped_, MADV_DONTNEED);
+        dropped_ = upto;
+    }
+
+private:
+    const char* map_ = nullptr;
+    std::size_t size_ = 0;
+    std::size_t dropped_ = 0;
+    std::string copy_;
+};
+
+Snapshot parse_any(std::string_view data, const std::string& origin, TraceEntrySink* sink, const Progress& progress) {
+    if (data.empty()) fail(ErrorCode::ParseError, origin, origin + ": the file is empty");
+    if (static_cast<unsigned char>(data[0]) == 0x80) return parse_pickle(data, origin, sink, progress);
+    const auto first = data.find_first_not_of(" \t\r\n");
+    if (first != std::string_view::npos && (data[first] == '{' || data[first] == '['))
+        return sink ? parse_json_streaming(data, origin, *sink, progress) : parse_json(data, origin);
+    fail(ErrorCode::ParseError, origin,
+         origin + ": neither a pickle (first byte 0x80) nor JSON; expected the file torch.cuda.memory._dump_snapshot() writes");
 }
 
 }  // namespace
@@ -614,13 +1172,7 @@ Snapshot parse_pickle(std::string_view data, const std::string& origin) {
 Result<Snapshot> parse_snapshot_bytes(std::string_view data, std::string origin) {
     return capture([&]() -> Result<Snapshot> {
         try {
-            if (data.empty()) fail(ErrorCode::ParseError, origin, origin + ": the file is empty");
-            if (static_cast<unsigned char>(data[0]) == 0x80) return parse_pickle(data, origin);
-            const auto first = data.find_first_not_of(" \t\r\n");
-            if (first != std::string_view::npos && (data[first] == '{' || data[first] == '['))
-                return parse_json(data, origin);
-            fail(ErrorCode::ParseError, origin,
-                 origin + ": neither a pickle (first byte 0x80) nor JSON; expected the file torch.cuda.memory._dump_snapshot() writes");
+            return parse_any(data, origin, nullptr, {});
         } catch (const std::bad_alloc&) {
             return Error{ErrorCode::ParseError, origin + ": out of memory while reading the snapshot", origin};
         }
@@ -633,6 +1185,27 @@ Result<Snapshot> read_snapshot(const std::string& path) {
     auto data = capture([&] { return read_input_file(path, kMaxSnapshotBytes, "snapshot"); });
     if (!data) return data.error();
     return parse_snapshot_bytes(*data, path);
+}
+
+Result<Snapshot> parse_snapshot_streaming(std::string_view data, std::string origin, TraceEntrySink& sink) {
+    return capture([&]() -> Result<Snapshot> {
+        try {
+            return parse_any(data, origin, &sink, {});
+        } catch (const std::bad_alloc&) {
+            return Error{ErrorCode::ParseError, origin + ": out of memory while reading the snapshot", origin};
+        }
+    });
+}
+
+Result<Snapshot> read_snapshot_streaming(const std::string& path, TraceEntrySink& sink) {
+    return capture([&]() -> Result<Snapshot> {
+        try {
+            MappedFile file(path);
+            return parse_any(file.data(), path, &sink, [&](std::size_t pos) { file.passed(pos); });
+        } catch (const std::bad_alloc&) {
+            return Error{ErrorCode::ParseError, path + ": out of memory while reading the snapshot", path};
+        }
+    });
 }
 
 }  // namespace gpumem::sim

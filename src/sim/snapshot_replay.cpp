@@ -5,6 +5,7 @@
 #include "gpumem/sim/snapshot.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -83,15 +84,19 @@ private:
     std::unordered_map<std::int32_t, std::int32_t> labels_;
 };
 
-void from_device_trace(const Snapshot& s, int device, TraceConversion& out) {
-    const auto& entries = s.device_traces[static_cast<std::size_t>(device)];
+// `entries`: the device's trace (a vector, or the deque a streamed read keeps).
+template <class Entries>
+void from_device_trace(const Snapshot& s, const Entries& entries, int device, TraceConversion& out) {
     auto& info = out.info;
     info.source = "device_traces";
     bool completed = false, requested = false;
-    std::int64_t segment_frees = 0;
+    std::int64_t segment_frees = 0, allocs = 0, completes = 0, requests = 0;
     for (const auto& e : entries) {
         completed = completed || e.action == TraceAction::FreeCompleted;
         requested = requested || e.action == TraceAction::FreeRequested;
+        allocs += e.action == TraceAction::Alloc;
+        completes += e.action == TraceAction::FreeCompleted;
+        requests += e.action == TraceAction::FreeRequested;
         if (e.action == TraceAction::SegmentFree || e.action == TraceAction::SegmentUnmap) ++segment_frees;
     }
     const TraceAction free_action = completed ? TraceAction::FreeCompleted : TraceAction::FreeRequested;
@@ -130,15 +135,18 @@ void from_device_trace(const Snapshot& s, int device, TraceConversion& out) {
         std::int64_t id;
         Bytes size;
     };
+    // Every event but an implicit free (rare) has its place reserved.
+    out.trace.events.reserve(seeds.size() + static_cast<std::size_t>(allocs + (completed ? completes : requests)));
     std::unordered_map<std::int64_t, Live> live;
     for (const auto& sd : seeds) {
         live[sd.addr] = Live{tb.alloc(sd.stream, sd.size, sd.frame), sd.size};
         ++info.seeded;
         info.seeded_bytes += sd.size;
     }
-    for (std::size_t i = 0; i < entries.size(); ++i) {
+    std::size_t i = 0;
+    for (auto at = entries.begin(); at != entries.end(); ++at, ++i) {
         check_budget();
-        const auto& e = entries[i];
+        const auto& e = *at;
         if (e.action == TraceAction::Alloc) {
             if (const auto it = live.find(e.addr); it != live.end()) {
                 tb.free(it->second.id, e.stream, it->second.size);
@@ -211,12 +219,26 @@ TraceConversion to_trace_detailed(const Snapshot& s, int device) {
     out.info.device = device;
     if (device >= 0 && static_cast<std::size_t>(device) < s.device_traces.size() &&
         !s.device_traces[static_cast<std::size_t>(device)].empty())
-        from_device_trace(s, device, out);
+        from_device_trace(s, s.device_traces[static_cast<std::size_t>(device)], device, out);
     else
         from_blocks(s, device, out);
     out.info.events = static_cast<std::int64_t>(out.trace.events.size());
     return out;
 }
+
+namespace {
+// to_trace_detailed() on the entries a streamed read kept for `device`.
+TraceConversion to_trace_streamed(const Snapshot& s, const std::deque<SnapshotTraceEntry>& entries, int device) {
+    TraceConversion out;
+    out.info.device = device;
+    if (device >= 0 && !entries.empty())
+        from_device_trace(s, entries, device, out);
+    else
+        from_blocks(s, device, out);
+    out.info.events = static_cast<std::int64_t>(out.trace.events.size());
+    return out;
+}
+}  // namespace
 
 Trace to_trace(const Snapshot& s, int device) { return to_trace_detailed(s, device).trace; }
 
@@ -224,15 +246,19 @@ Trace to_trace(const Snapshot& s, int device) { return to_trace_detailed(s, devi
 // The front-end entry point.
 
 namespace {
-SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt) {
+// `kept`: with `streamed`, the trace entries of the one device a streamed
+// read kept (snap.device_traces then holds none).
+SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const StreamedTraceStats* streamed = nullptr,
+                       std::deque<SnapshotTraceEntry>* kept = nullptr, int kept_device = -1) {
     SnapshotReport rep;
-    rep.summary = summarize(snap, opt.top_n);
+    rep.summary = summarize(snap, opt.top_n, streamed);
     int device = opt.device;
     if (device < 0) {
-        device = default_device(snap);
+        device = kept && !kept->empty() ? kept_device : default_device(snap);
     } else {
-        const bool has_trace = static_cast<std::size_t>(device) < snap.device_traces.size() &&
-                               !snap.device_traces[static_cast<std::size_t>(device)].empty();
+        const bool has_trace = kept ? device == kept_device && !kept->empty()
+                                    : static_cast<std::size_t>(device) < snap.device_traces.size() &&
+                                          !snap.device_traces[static_cast<std::size_t>(device)].empty();
         const bool has_segments = std::any_of(snap.segments.begin(), snap.segments.end(),
                                               [&](const SnapshotSegment& sg) { return sg.device == device; });
         if (!has_trace && !has_segments) {
@@ -243,7 +269,9 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt) {
                      (list.empty() ? std::string(" (the snapshot is empty)") : " (devices in the file: " + list + ")"));
         }
     }
-    auto conv = to_trace_detailed(snap, device);
+    auto conv = kept ? to_trace_streamed(snap, *kept, device) : to_trace_detailed(snap, device);
+    // The entries are in the trace now: free them before the replay.
+    if (kept) std::deque<SnapshotTraceEntry>().swap(*kept);
     rep.summary.conversion = conv.info;
     for (auto& n : conv.notes) rep.summary.notes.push_back(std::move(n));
 
@@ -265,18 +293,96 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt) {
     if (opt.run_replay) rep.replay = replay(conv.trace, ro);
     return rep;
 }
+// Streaming reading for analyze(): statistics of every device's entries, and
+// the entries themselves only for the device to replay (opt.device, else the
+// lowest with entries).
+class KeepOneDevice final : public TraceEntrySink {
+public:
+    explicit KeepOneDevice(int device) : want_(device) {}
+
+    void entry(int d, std::int64_t i, const SnapshotTraceEntry& e) override {
+        auto& traces = stats_.traces;
+        if (traces.size() <= static_cast<std::size_t>(d)) {
+            const auto old = traces.size();
+            traces.resize(static_cast<std::size_t>(d) + 1);
+            for (auto k = old; k < traces.size(); ++k) traces[k].device = static_cast<int>(k);
+        }
+        auto& st = traces[static_cast<std::size_t>(d)];
+        ++st.entries;
+        switch (e.action) {
+            case TraceAction::Alloc: ++st.alloc; break;
+            case TraceAction::FreeRequested: ++st.free_requested; break;
+            case TraceAction::FreeCompleted: ++st.free_completed; break;
+            case TraceAction::SegmentAlloc: ++st.segment_alloc; break;
+            case TraceAction::SegmentFree: ++st.segment_free; break;
+            case TraceAction::SegmentMap: ++st.segment_map; break;
+            case TraceAction::SegmentUnmap: ++st.segment_unmap; break;
+            case TraceAction::Snapshot: ++st.snapshot; break;
+            case TraceAction::Oom:
+                ++st.oom;
+                stats_.ooms.push_back(SnapshotOom{d, i, e.size, e.device_free, e.time_us, {}});
+                oom_frames_.push_back(e.frame);
+                break;
+            case TraceAction::Other: ++st.other; break;
+        }
+        const bool keep = want_ >= 0 ? d == want_ : (kept_device_ < 0 || d <= kept_device_);
+        if (!keep) return;
+        if (d != kept_device_) {
+            kept_.clear();
+            kept_device_ = d;
+        }
+        kept_.push_back(e);
+    }
+    void restart() override {
+        stats_ = {};
+        oom_frames_.clear();
+        kept_.clear();
+        kept_device_ = -1;
+    }
+
+    // Labels the OOMs and returns the statistics.
+    const StreamedTraceStats& finish(const Snapshot& snap) {
+        for (std::size_t k = 0; k < stats_.ooms.size(); ++k) {
+            const auto f = oom_frames_[k];
+            if (f >= 0 && static_cast<std::size_t>(f) < snap.frames.size())
+                stats_.ooms[k].frame = frame_label(snap.frames[static_cast<std::size_t>(f)]);
+        }
+        std::stable_sort(stats_.ooms.begin(), stats_.ooms.end(), [](const SnapshotOom& a, const SnapshotOom& b) {
+            return a.device != b.device ? a.device < b.device : a.entry < b.entry;
+        });
+        return stats_;
+    }
+    std::deque<SnapshotTraceEntry>& kept() { return kept_; }
+    [[nodiscard]] int kept_device() const { return kept_device_; }
+
+private:
+    int want_;
+    StreamedTraceStats stats_;
+    std::vector<std::int32_t> oom_frames_;
+    std::deque<SnapshotTraceEntry> kept_;  // chunked: growing it never copies
+    int kept_device_ = -1;
+};
+
 }  // namespace
 
 Result<SnapshotReport> analyze_snapshot_bytes(std::string_view data, std::string origin, const SnapshotOptions& opt) {
-    auto snap = parse_snapshot_bytes(data, std::move(origin));
+    KeepOneDevice sink(opt.device);
+    auto snap = parse_snapshot_streaming(data, std::move(origin), sink);
     if (!snap) return snap.error();
-    return capture([&]() -> Result<SnapshotReport> { return analyze(std::move(snap).value(), opt); });
+    return capture([&]() -> Result<SnapshotReport> {
+        const auto& stats = sink.finish(snap.value());
+        return analyze(std::move(snap).value(), opt, &stats, &sink.kept(), sink.kept_device());
+    });
 }
 
 Result<SnapshotReport> analyze_snapshot(const std::string& path, const SnapshotOptions& opt) {
-    auto snap = read_snapshot(path);
+    KeepOneDevice sink(opt.device);
+    auto snap = read_snapshot_streaming(path, sink);
     if (!snap) return snap.error();
-    return capture([&]() -> Result<SnapshotReport> { return analyze(std::move(snap).value(), opt); });
+    return capture([&]() -> Result<SnapshotReport> {
+        const auto& stats = sink.finish(snap.value());
+        return analyze(std::move(snap).value(), opt, &stats, &sink.kept(), sink.kept_device());
+    });
 }
 
 Result<SnapshotReport> analyze_snapshot(const std::string& path, const ReplayOptions& replay) {

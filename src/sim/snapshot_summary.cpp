@@ -12,7 +12,9 @@ namespace gpumem::sim {
 // ---------------------------------------------------------------------------
 // Summary.
 
-SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n) {
+SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n) { return summarize(s, top_n, nullptr); }
+
+SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n, const StreamedTraceStats* streamed) {
     SnapshotSummary out;
     out.origin = s.origin;
     out.format = s.format;
@@ -97,7 +99,15 @@ SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n) {
     }
     out.top_allocations = std::move(active);
 
-    for (std::size_t d = 0; d < s.device_traces.size(); ++d) {
+    if (streamed) {
+        for (const auto& st : streamed->traces) {
+            if (st.entries == 0) continue;
+            devices.insert(st.device);
+            out.traces.push_back(st);
+        }
+        out.ooms = streamed->ooms;
+    }
+    for (std::size_t d = 0; d < s.device_traces.size() && !streamed; ++d) {
         const auto& entries = s.device_traces[d];
         if (entries.empty()) continue;
         devices.insert(static_cast<int>(d));

@@ -27,6 +27,16 @@
 // wider than 64 bits (LONG1/LONG4 with more than 8 bytes) are kept as BigInt
 // nodes: reading one as an integer is the consumer's error to report.
 //
+// Streaming (parse with a ListSink): the dicts appended to the lists of a
+// top-level list (dict["device_traces"][d], 10^7 trace entries) are handed to
+// the sink batch by batch as the pickle appends them (MARK ... APPENDS) and are
+// not kept; the nodes they used are freed and their ids reused. What the memo
+// still refers to survives: a list the sink read (a trace entry's frames,
+// which torch shares between an alloc and its frees) as a node holding the
+// sink's summary of it (Document::summary), any other value copied; a claimed
+// dict itself becomes unreachable (a GET of it is an error). Memory then grows
+// with the memo and the rest of the file, not with the claimed items.
+//
 // Limits keep memory proportional to the input: every length is checked
 // against the remaining bytes, each opcode creates at most one node, and
 // nesting deeper than Limits::max_depth is an error.
@@ -61,6 +71,13 @@ public:
     [[nodiscard]] Id root() const { return root_; }
     [[nodiscard]] int protocol() const { return protocol_; }  // 0 when no PROTO opcode
     [[nodiscard]] std::size_t node_count() const { return nodes_.size(); }
+    // Values created while parsing, freed ones included (== node_count() without a sink).
+    [[nodiscard]] std::size_t created_count() const { return created_; }
+    // A list a ListSink read and summarized before its items were freed.
+    [[nodiscard]] std::optional<std::int64_t> summary(Id id) const {
+        if (nodes_[id].flags & kSummary) return nodes_[id].payload;
+        return std::nullopt;
+    }
 
     [[nodiscard]] Kind kind(Id id) const { return nodes_[id].kind; }
     [[nodiscard]] bool as_bool(Id id) const { return nodes_[id].payload != 0; }
@@ -80,8 +97,10 @@ public:
 private:
     friend class Parser;
     static constexpr std::uint32_t kNoItems = 0xffffffffu;  // Node::ref of a container with no items yet
+    static constexpr std::uint8_t kSummary = 1;              // Node::flags: payload is a ListSink summary
     struct Node {
         Kind kind = Kind::None;
+        std::uint8_t flags = 0;
         std::uint16_t height = 0;  // nesting height as built (0 for scalars)
         std::uint32_t ref = 0;     // index into strings_ or containers_
         std::int64_t payload = 0;  // Int value, Bool 0/1, Float bits
@@ -91,12 +110,41 @@ private:
     std::vector<std::vector<Id>> containers_;
     Id root_ = 0;
     int protocol_ = 0;
+    std::size_t created_ = 0;
+};
+
+// Receives the items appended to the lists held by a top-level dict's list
+// under `key` (see "Streaming" above).
+class ListSink {
+public:
+    virtual ~ListSink() = default;
+    // `items` were appended to list number `list_index` of dict[key]; the
+    // sink reads them now (errors are thrown as InputError).
+    virtual void items(const Document& doc, std::size_t list_index, std::span<const Document::Id> items) = 0;
+    // A list the memo refers to is about to be freed: a summary the sink
+    // made of it (a trace entry's top frame), kept in its place.
+    virtual std::optional<std::int64_t> summary(Document::Id /*list*/) { return std::nullopt; }
+    // Every node from id `from` on was freed; its ids will be reused.
+    virtual void released(Document::Id /*from*/) {}
+    // The parser is at byte `pos`: bytes before it are not read again.
+    virtual void progress(std::size_t /*pos*/) {}
+};
+
+struct StreamSpec {
+    std::string_view key;     // "device_traces"
+    ListSink* sink = nullptr;
+    // Filled by parse: whether any items went to the sink, and the nodes of
+    // the dict[key] list they were appended under (the caller checks that
+    // the final document holds that list at root[key]).
+    bool claimed = false;
+    Document::Id root = 0, list = 0;
 };
 
 // Parses one pickle from `data`. `origin` (a file name) starts every error
 // message: "snapshot.pickle: unsupported pickle opcode GLOBAL at byte 2: ...".
 // Bytes after STOP are ignored, as pickle.loads() does.
 Result<Document> parse(std::string_view data, const std::string& origin, const Limits& limits = {});
+Result<Document> parse(std::string_view data, const std::string& origin, const Limits& limits, StreamSpec& stream);
 
 // "GLOBAL", "BININT1", ... or "0x.." for bytes that are no opcode.
 std::string opcode_name(std::uint8_t op);

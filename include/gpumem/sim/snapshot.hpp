@@ -98,6 +98,9 @@ struct Snapshot {
     bool has_device_traces = false;  // the key is present (it may hold empty lists)
     std::vector<SnapshotSegment> segments;
     std::vector<std::vector<SnapshotTraceEntry>> device_traces;  // [device][entry]
+    // Read by read_snapshot_streaming: entries handed to the sink per device
+    // (device_traces then has one empty list per device).
+    std::vector<std::int64_t> streamed_entries;
     std::map<std::string, std::string> allocator_settings;      // values as text ("True", "128", "[...]")
     std::vector<SnapshotFrame> frames;                           // interned top frames
     std::vector<std::string> notes;                              // things the reader tolerated
@@ -107,6 +110,22 @@ struct Snapshot {
 Result<Snapshot> read_snapshot(const std::string& path);
 // The same from bytes; `origin` names the data in error messages.
 Result<Snapshot> parse_snapshot_bytes(std::string_view data, std::string origin);
+
+// Streaming reading: the trace entries go to a sink as they are parsed, in
+// order per device, and are not kept (a 10^7-entry trace never sits in
+// memory, nor does the file: it is mapped and read front to back).
+class TraceEntrySink {
+public:
+    virtual ~TraceEntrySink() = default;
+    // Entry `index` of device `device`'s trace. Its frame indexes the
+    // Snapshot's frames (complete when reading returns).
+    virtual void entry(int device, std::int64_t index, const SnapshotTraceEntry& e) = 0;
+    // Forget every entry seen so far: they are all handed over again (a
+    // pickle whose structure the streaming parser could not follow).
+    virtual void restart() = 0;
+};
+Result<Snapshot> read_snapshot_streaming(const std::string& path, TraceEntrySink& sink);
+Result<Snapshot> parse_snapshot_streaming(std::string_view data, std::string origin, TraceEntrySink& sink);
 
 struct SizeBucket {
     std::string label;   // "<=2MiB", "2MiB-20MiB", ...
@@ -187,6 +206,14 @@ struct SnapshotSummary {
 };
 
 SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n = 10);
+// The trace part of a summary, gathered while the entries streamed by.
+struct StreamedTraceStats {
+    std::vector<SnapshotTraceStats> traces;  // by device (entries 0: none)
+    std::vector<SnapshotOom> ooms;           // by device, then entry
+};
+// summarize() with the trace statistics taken from `streamed` (when not
+// null) instead of s.device_traces.
+SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n, const StreamedTraceStats* streamed);
 
 struct TraceConversion {
     Trace trace;
