@@ -672,25 +672,27 @@ Result<ComputeResult> compute_time(const ModelGraph& g_in, const Job& job, const
 }
 
 Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt) {
-    auto g = req.params_count ? Result<ModelGraph>(params_only_graph(*req.params_count))
-                              : (req.model.empty() ? Result<ModelGraph>(Error{ErrorCode::InvalidArgument,
-                                                                                "no model given: name a preset (gpumem models), a config.json, a model folder, a layer-list JSON, or use --params",
-                                                                                "model"})
-                                                   : load_model(req.model, model_options(req)));
-    if (!g) return g.error();
-    auto mem = simulate_estimate(g.value(), req);
+    if (!req.params_count && req.model.empty())
+        return Error{ErrorCode::InvalidArgument,
+                     "no model given: name a preset (gpumem models), a config.json, a model folder, a layer-list JSON, or use --params", "model"};
+    // A built-in preset's graph is shared, not rebuilt per call (load_model_shared).
+    auto shared = req.params_count ? Result<std::shared_ptr<const ModelGraph>>(std::make_shared<const ModelGraph>(params_only_graph(*req.params_count)))
+                                   : load_model_shared(req.model, model_options(req));
+    if (!shared) return shared.error();
+    const ModelGraph& graph = *shared.value();
+    auto mem = simulate_estimate(graph, req);
     if (!mem) return mem.error();
     // The estimate's job is resolve_job(g, req): not resolved again.
     std::optional<Job> own;
     if (!mem.value().job) {
-        auto job = resolve_job(g.value(), req);
+        auto job = resolve_job(graph, req);
         if (!job) return job.error();
         own = std::move(job).value();
     }
     const Job& job = own ? *own : *mem.value().job;
     ComputeOptions o = opt;
     if (req.params_count && !o.seq && req.seq) o.seq = req.seq;
-    auto t = compute_time(g.value(), job, mem.value(), o);
+    auto t = compute_time(graph, job, mem.value(), o);
     if (!t) return t.error();
     return FullEstimate{std::move(mem).value(), std::move(t).value()};
 }
