@@ -106,6 +106,8 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             so.cublas_workspaces = pytorch;
             so.cublas_workspace = req.cublas_workspace.value_or(j.gpu.cublas_workspace);
             so.all_micro_batches = sopt.full_replay;
+            // Full replay: every decode step too (bounded by the trace's event cap).
+            if (sopt.full_replay) so.max_decode_steps = static_cast<int>(std::min<std::int64_t>(req.gen_len, sim::kMaxTraceEvents));
             // Replay against the GPU's capacity: the allocator frees its cache and
             // retries before it fails, so this decides whether the job fits. When
             // it does not, replay again without a limit to report what it needs.

@@ -19,8 +19,8 @@ namespace gpumem {
 // Internal settings of the simulation (tests).
 struct SimulateOptions {
     // Replay every micro-batch instead of extrapolating from the steady state
-    // (sim/step.hpp StepTraceOptions::steady_state): what the extrapolation
-    // must equal.
+    // (sim/step.hpp StepTraceOptions::steady_state), and every decode step
+    // instead of the first 64 and the last: what the fast path must equal.
     bool full_replay = false;
 };
 

@@ -1,0 +1,157 @@
+// The step simulation's fast path (steady-state extrapolation of gradient
+// accumulation and pipeline schedules, the bounded decode) against
+// SimulateOptions::full_replay (every micro-batch and every decode step
+// replayed), on a generated grid: models of different depths (12 to 30
+// layers) x batch x sequence x gradient accumulation x decode length x pp and
+// interleaved vpp x allocator settings (expandable segments, max_split_size,
+// garbage collection, roundup divisions) x recompute. Where the fast path does
+// not mark its answer approximate, everything `estimate --format json` prints
+// must be what the full replay prints; where it does, the note must say so and
+// the full replay must not. A failing job is printed as its gpumem command.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpumem/memory/job.hpp"
+#include "gpumem/report/render.hpp"
+#include "gpumem/sim/simulate.hpp"
+#include "job_grid.hpp"
+
+namespace gpumem {
+namespace {
+
+struct Outcome {
+    std::string json;
+    bool approximate = false;
+};
+
+Outcome run(const EstimateRequest& r, bool full) {
+    SimulateOptions o;
+    o.full_replay = full;
+    auto res = simulate_estimate(test::grid_model(r.model), r, o);
+    if (!res) return {"error: " + res.error().message, false};
+    Outcome out;
+    out.json = estimate_to_json(res.value()).dump(1);
+    if (res.value().simulation)
+        for (const auto& n : res.value().simulation->notes)
+            out.approximate = out.approximate || n.find("(approximate)") != std::string::npos || n.find("decode: simulated steps") != std::string::npos;
+    return out;
+}
+
+std::string first_difference(const std::string& a, const std::string& b) {
+    std::size_t i = 0, line = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) {
+        if (a[i] == '\n') line = i + 1;
+        ++i;
+    }
+    auto upto = [&](const std::string& s) { return s.substr(line, s.find('\n', line) - line); };
+    return "fast path: " + upto(a) + "\n    full replay: " + upto(b);
+}
+
+struct Tally {
+    int total = 0, exact = 0, approximate = 0;
+};
+
+void check(const EstimateRequest& r, Tally& t) {
+    if (!test::grid_valid(r)) return;
+    const Outcome fast = run(r, false), full = run(r, true);
+    ++t.total;
+    EXPECT_FALSE(full.approximate) << request_to_command(r) << ": the full replay is never approximate";
+    if (fast.approximate) {
+        ++t.approximate;
+        return;
+    }
+    ++t.exact;
+    EXPECT_TRUE(fast.json == full.json) << request_to_command(r) << "\n    " << first_difference(fast.json, full.json);
+}
+
+const std::vector<std::string>& confs() {
+    static const std::vector<std::string> c = {"", "expandable_segments:True", "max_split_size_mb:64", "garbage_collection_threshold:0.6",
+                                               "roundup_power2_divisions:4", "expandable_segments:True,roundup_power2_divisions:2"};
+    return c;
+}
+
+// Models of different depths: gpt2 (12 layers), llama-3.2-1b (16),
+// qwen2-0.5b (24), smollm2-135m (30).
+const std::vector<std::string>& models() {
+    static const std::vector<std::string> m = {"gpt2", "llama-3.2-1b", "qwen2-0.5b", "smollm2-135m"};
+    return m;
+}
+
+TEST(SimFastPath, TrainingGridEqualsFullReplay) {
+    test::Rng rng(1616);
+    Tally t;
+    const std::vector<std::int64_t> gas = {1, 2, 5, 8, 13, 24, 40, 64};
+    for (const std::string& model : models()) {
+        for (const std::int64_t ga : gas) {
+            for (int rep = 0; rep < 2; ++rep) {
+                EstimateRequest r;
+                r.model = model;
+                r.batch = 1 + rng.below(2);
+                r.seq = rng.pick(std::vector<std::int64_t>{64, 128, 256});
+                r.grad_accum = ga;
+                r.alloc_conf = rng.pick(confs());
+                r.recompute = rng.chance(40) ? Recompute::Full : Recompute::None;
+                const std::int64_t pp = rng.pick(std::vector<std::int64_t>{1, 1, 2, 4});
+                r.parallel.gpus = pp;
+                r.parallel.pp = pp;
+                if (pp > 1 && rng.chance(40)) {
+                    r.parallel.schedule = PipelineSchedule::Interleaved;
+                    r.parallel.vpp = 2;
+                }
+                check(r, t);
+            }
+        }
+    }
+    EXPECT_GE(t.total, 40);
+    EXPECT_GE(t.exact, t.total / 2) << "most jobs of the grid should be extrapolated exactly";
+}
+
+// Long 1F1B pipelines: the cache settles after a few hundred chunks; the
+// detection window (sim/step_pipeline.cpp) must reach it, so these are exact.
+TEST(SimFastPath, LongPipelinesAreExact) {
+    test::Rng rng(1618);
+    Tally t;
+    for (const std::string model : {"gpt2", "llama-3.2-1b"}) {
+        for (const std::int64_t pp : {2, 4, 8}) {
+            for (const std::int64_t ga : {160, 320}) {
+                EstimateRequest r;
+                r.model = model;
+                r.batch = 1 + rng.below(2);
+                r.seq = 128;
+                r.grad_accum = ga;
+                r.alloc_conf = rng.pick(confs());
+                r.recompute = rng.chance(30) ? Recompute::Full : Recompute::None;
+                r.parallel.gpus = pp;
+                r.parallel.pp = pp;
+                check(r, t);
+            }
+        }
+    }
+    EXPECT_GE(t.total, 10);
+    EXPECT_EQ(t.approximate, 0) << "1F1B pipelines should reach their steady state within the window";
+}
+
+TEST(SimFastPath, DecodeGridEqualsFullReplay) {
+    test::Rng rng(1617);
+    Tally t;
+    const std::vector<std::int64_t> gens = {0, 1, 7, 32, 64, 65, 100, 200};
+    for (const std::string& model : models()) {
+        for (const std::int64_t gen : gens) {
+            EstimateRequest r;
+            r.model = model;
+            r.mode = Mode::Infer;
+            r.batch = 1 + rng.below(4);
+            r.seq = rng.pick(std::vector<std::int64_t>{16, 128, 512});
+            r.gen_len = gen;
+            r.alloc_conf = rng.pick(confs());
+            check(r, t);
+        }
+    }
+    EXPECT_GE(t.total, 24);
+    EXPECT_GE(t.exact, t.total / 2);
+}
+
+}  // namespace
+}  // namespace gpumem
