@@ -10,6 +10,8 @@
 // the full replay must not. A failing job is printed as its gpumem command.
 #include <gtest/gtest.h>
 
+#include "test_util.hpp"
+
 #include <string>
 #include <vector>
 
@@ -39,16 +41,6 @@ Outcome run(const EstimateRequest& r, bool full) {
     return out;
 }
 
-std::string first_difference(const std::string& a, const std::string& b) {
-    std::size_t i = 0, line = 0;
-    while (i < a.size() && i < b.size() && a[i] == b[i]) {
-        if (a[i] == '\n') line = i + 1;
-        ++i;
-    }
-    auto upto = [&](const std::string& s) { return s.substr(line, s.find('\n', line) - line); };
-    return "fast path: " + upto(a) + "\n    full replay: " + upto(b);
-}
-
 struct Tally {
     int total = 0, exact = 0, approximate = 0;
 };
@@ -63,7 +55,7 @@ void check(const EstimateRequest& r, Tally& t) {
         return;
     }
     ++t.exact;
-    EXPECT_TRUE(fast.json == full.json) << request_to_command(r) << "\n    " << first_difference(fast.json, full.json);
+    EXPECT_TRUE(fast.json == full.json) << request_to_command(r) << "\n    " << test::first_difference(fast.json, full.json, "fast path", "full replay");
 }
 
 const std::vector<std::string>& confs() {

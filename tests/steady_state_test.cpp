@@ -5,6 +5,8 @@
 // settings and recompute. A failing job is printed as its gpumem command.
 #include <gtest/gtest.h>
 
+#include "test_util.hpp"
+
 #include <string>
 #include <vector>
 
@@ -25,17 +27,6 @@ std::string json_of(const EstimateRequest& r, bool full) {
     return estimate_to_json(res.value()).dump(1);
 }
 
-// The first line where two outputs differ, for the failure message.
-std::string first_difference(const std::string& a, const std::string& b) {
-    std::size_t i = 0, line = 0;
-    while (i < a.size() && i < b.size() && a[i] == b[i]) {
-        if (a[i] == '\n') line = i + 1;
-        ++i;
-    }
-    auto upto = [&](const std::string& s) { return s.substr(line, s.find('\n', line) - line); };
-    return "extrapolated: " + upto(a) + "\n    full replay: " + upto(b);
-}
-
 // Whether the extrapolated trace of one rank really left periods out.
 bool was_cut(const EstimateRequest& r) {
     const ModelGraph& g = test::grid_model(r.model);
@@ -52,7 +43,7 @@ void expect_same(const EstimateRequest& r, int& cut, int& total) {
     const std::string a = json_of(r, false), b = json_of(r, true);
     ++total;
     if (r.parallel.pp == 1 && was_cut(r)) ++cut;
-    EXPECT_TRUE(a == b) << request_to_command(r) << "\n    " << first_difference(a, b);
+    EXPECT_TRUE(a == b) << request_to_command(r) << "\n    " << test::first_difference(a, b, "extrapolated", "full replay");
 }
 
 // The grid of the issue: small configurations of gpt2 and llama-3-8b,

@@ -32,6 +32,17 @@ struct CliResult {
 };
 
 // Runs a shell command line and collects its stdout, stderr and exit status.
+// The first line where two texts differ, labelled, for a failure message.
+inline std::string first_difference(const std::string& a, const std::string& b, const std::string& label_a, const std::string& label_b) {
+    std::size_t i = 0, line = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) {
+        if (a[i] == '\n') line = i + 1;
+        ++i;
+    }
+    auto upto = [&](const std::string& s) { return s.substr(line, s.find('\n', line) - line); };
+    return label_a + ": " + upto(a) + "\n    " + label_b + ": " + upto(b);
+}
+
 inline CliResult run_shell(const std::string& command) {
     static int counter = 0;
     const std::string errfile = std::string(::testing::TempDir()) + "gpumem_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(++counter);

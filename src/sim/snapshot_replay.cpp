@@ -308,22 +308,10 @@ public:
             for (auto k = old; k < traces.size(); ++k) traces[k].device = static_cast<int>(k);
         }
         auto& st = traces[static_cast<std::size_t>(d)];
-        ++st.entries;
-        switch (e.action) {
-            case TraceAction::Alloc: ++st.alloc; break;
-            case TraceAction::FreeRequested: ++st.free_requested; break;
-            case TraceAction::FreeCompleted: ++st.free_completed; break;
-            case TraceAction::SegmentAlloc: ++st.segment_alloc; break;
-            case TraceAction::SegmentFree: ++st.segment_free; break;
-            case TraceAction::SegmentMap: ++st.segment_map; break;
-            case TraceAction::SegmentUnmap: ++st.segment_unmap; break;
-            case TraceAction::Snapshot: ++st.snapshot; break;
-            case TraceAction::Oom:
-                ++st.oom;
-                stats_.ooms.push_back(SnapshotOom{d, i, e.size, e.device_free, e.time_us, {}});
-                oom_frames_.push_back(e.frame);
-                break;
-            case TraceAction::Other: ++st.other; break;
+        st.count(e.action);
+        if (e.action == TraceAction::Oom) {
+            stats_.ooms.push_back(SnapshotOom{d, i, e.size, e.device_free, e.time_us, {}});
+            oom_frames_.push_back(e.frame);
         }
         const bool keep = want_ >= 0 ? d == want_ : (kept_device_ < 0 || d <= kept_device_);
         if (!keep) return;

@@ -9,6 +9,22 @@
 
 namespace gpumem::sim {
 
+void SnapshotTraceStats::count(TraceAction a) {
+    ++entries;
+    switch (a) {
+        case TraceAction::Alloc: ++alloc; break;
+        case TraceAction::FreeRequested: ++free_requested; break;
+        case TraceAction::FreeCompleted: ++free_completed; break;
+        case TraceAction::SegmentAlloc: ++segment_alloc; break;
+        case TraceAction::SegmentFree: ++segment_free; break;
+        case TraceAction::SegmentMap: ++segment_map; break;
+        case TraceAction::SegmentUnmap: ++segment_unmap; break;
+        case TraceAction::Snapshot: ++snapshot; break;
+        case TraceAction::Oom: ++oom; break;
+        case TraceAction::Other: ++other; break;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Summary.
 
@@ -113,25 +129,12 @@ SnapshotSummary summarize(const Snapshot& s, std::int64_t top_n, const StreamedT
         devices.insert(static_cast<int>(d));
         SnapshotTraceStats st;
         st.device = static_cast<int>(d);
-        st.entries = static_cast<std::int64_t>(entries.size());
         for (std::size_t i = 0; i < entries.size(); ++i) {
             const auto& e = entries[i];
-            switch (e.action) {
-                case TraceAction::Alloc: ++st.alloc; break;
-                case TraceAction::FreeRequested: ++st.free_requested; break;
-                case TraceAction::FreeCompleted: ++st.free_completed; break;
-                case TraceAction::SegmentAlloc: ++st.segment_alloc; break;
-                case TraceAction::SegmentFree: ++st.segment_free; break;
-                case TraceAction::SegmentMap: ++st.segment_map; break;
-                case TraceAction::SegmentUnmap: ++st.segment_unmap; break;
-                case TraceAction::Snapshot: ++st.snapshot; break;
-                case TraceAction::Oom:
-                    ++st.oom;
-                    out.ooms.push_back(SnapshotOom{static_cast<int>(d), static_cast<std::int64_t>(i), e.size, e.device_free, e.time_us,
-                                                   e.frame >= 0 ? frame_label(s.frames[static_cast<std::size_t>(e.frame)]) : ""});
-                    break;
-                case TraceAction::Other: ++st.other; break;
-            }
+            st.count(e.action);
+            if (e.action == TraceAction::Oom)
+                out.ooms.push_back(SnapshotOom{static_cast<int>(d), static_cast<std::int64_t>(i), e.size, e.device_free, e.time_us,
+                                               e.frame >= 0 ? frame_label(s.frames[static_cast<std::size_t>(e.frame)]) : ""});
         }
         out.traces.push_back(st);
     }

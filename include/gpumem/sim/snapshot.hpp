@@ -150,6 +150,8 @@ struct SnapshotTraceStats {
     std::int64_t alloc = 0, free_requested = 0, free_completed = 0;
     std::int64_t segment_alloc = 0, segment_free = 0, segment_map = 0, segment_unmap = 0;
     std::int64_t snapshot = 0, oom = 0, other = 0;
+    // Counts one entry (entries and its action's counter).
+    void count(TraceAction a);
 };
 
 struct SnapshotOom {
