@@ -95,7 +95,7 @@ bool names_field(const std::string& arg, const Field& f) {
 // command, only those are registered; --help, or a flag that is not a field
 // (the error and its did-you-mean), registers them all.
 void add_fields(Sub& s, const std::vector<std::string>& args) {
-    const std::vector<const Field*> all = fields_of(s.command);
+    const std::vector<const Field*>& all = fields_of(s.command);
     bool every = false;
     for (const auto& a : args) {
         if (a.empty() || a[0] != '-') continue;

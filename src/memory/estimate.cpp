@@ -35,14 +35,9 @@ ParamSummary summarize_params(const ModelGraph& g) {
     for (int i = 0; i < kComponentCount; ++i)
         if (comp[static_cast<std::size_t>(i)] != 0)
             s.by_component.emplace_back(component_name(static_cast<Component>(i)), comp[static_cast<std::size_t>(i)]);
-    // By dtype, in the order of the dtypes' names.
-    std::array<DType, kDTypes> order{};
-    std::size_t used = 0;
     for (std::size_t k = 0; k < kDTypes; ++k)
-        if (seen[k]) order[used++] = static_cast<DType>(k);
-    std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(used), [](DType a, DType b) { return dtype_name(a) < dtype_name(b); });
-    s.by_dtype.reserve(used);
-    for (std::size_t i = 0; i < used; ++i) s.by_dtype.emplace_back(std::string(dtype_name(order[i])), dt[static_cast<std::size_t>(order[i])]);
+        if (seen[k]) s.by_dtype.emplace_back(std::string(dtype_name(static_cast<DType>(k))), dt[k]);
+    std::sort(s.by_dtype.begin(), s.by_dtype.end());  // by the dtypes' names (names are unique)
     return s;
 }
 

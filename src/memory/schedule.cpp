@@ -34,36 +34,37 @@ std::vector<PipelineOp> pipeline_schedule(std::int64_t pp, std::int64_t vpp, std
     vpp = std::max<std::int64_t>(1, vpp);
     const std::int64_t total = checked_mul(m, vpp);
     const std::int64_t warm = pipeline_warmup(pp, vpp, m, rank);
-    (void)checked_mul(pp, vpp);  // a group of pp x vpp chunks
     // The k-th forward (backward) chunk of the rank: micro-batch
     // (k / (pp vpp)) pp + k % pp, model chunk (k % (pp vpp)) / pp (backward:
     // the chunks in reverse); counted as k advances, without divisions.
     struct Cursor {
+        std::int64_t pp, vpp;
+        bool forward;
         std::int64_t in_pp = 0, chunk = 0, base = 0;  // k % pp, (k % (pp vpp)) / pp, (k / (pp vpp)) pp
-        PipelineOp take(bool forward, std::int64_t pp_, std::int64_t vpp_) {
+        PipelineOp take() {
             PipelineOp op;
             op.forward = forward;
             op.micro_batch = base + in_pp;
-            op.chunk = forward ? chunk : vpp_ - 1 - chunk;
-            if (++in_pp == pp_) {
+            op.chunk = forward ? chunk : vpp - 1 - chunk;
+            if (++in_pp == pp) {
                 in_pp = 0;
-                if (++chunk == vpp_) {
+                if (++chunk == vpp) {
                     chunk = 0;
-                    base += pp_;
+                    base += pp;
                 }
             }
             return op;
         }
     };
-    Cursor fwd, bwd;
+    Cursor fwd{pp, vpp, true}, bwd{pp, vpp, false};
     std::vector<PipelineOp> ops;
     ops.reserve(static_cast<std::size_t>(2 * total));
-    for (std::int64_t k = 0; k < warm; ++k) ops.push_back(fwd.take(true, pp, vpp));
+    for (std::int64_t k = 0; k < warm; ++k) ops.push_back(fwd.take());
     for (std::int64_t k = 0; k < total - warm; ++k) {
-        ops.push_back(fwd.take(true, pp, vpp));
-        ops.push_back(bwd.take(false, pp, vpp));
+        ops.push_back(fwd.take());
+        ops.push_back(bwd.take());
     }
-    for (std::int64_t k = total - warm; k < total; ++k) ops.push_back(bwd.take(false, pp, vpp));
+    for (std::int64_t k = total - warm; k < total; ++k) ops.push_back(bwd.take());
     return ops;
 }
 

@@ -124,6 +124,18 @@ struct PresetTable {
     std::vector<PresetInfo> infos;  // sorted by name
 };
 
+// The ids of an embedded same_architecture list (each ends in '\n'), in order;
+// stops early when `f` returns true, and says whether it did.
+template <class F>
+bool any_same_architecture(const embedded::EmbeddedPreset& p, F f) {
+    for (std::string_view rest = p.same_architecture; !rest.empty();) {
+        const auto nl = rest.find('\n');
+        if (f(rest.substr(0, nl))) return true;
+        rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
+    }
+    return false;
+}
+
 // Built from the embedded table alone: no JSON is parsed until a preset is
 // used (issue 16: parsing all 81 configs cost ~1.5 ms per CLI call).
 const PresetTable& preset_table() {
@@ -137,11 +149,10 @@ const PresetTable& preset_table() {
             info.model_type = p.model_type;
             info.hf_id = p.hf_id;
             info.source = p.source;
-            for (std::string_view same = p.same_architecture; !same.empty();) {
-                const auto nl = same.find('\n');
-                info.same_architecture.emplace_back(same.substr(0, nl));
-                same = nl == std::string_view::npos ? std::string_view{} : same.substr(nl + 1);
-            }
+            any_same_architecture(p, [&](std::string_view id) {
+                info.same_architecture.emplace_back(id);
+                return false;
+            });
             t.infos.push_back(std::move(info));
         }
         std::sort(t.infos.begin(), t.infos.end(),
@@ -151,7 +162,6 @@ const PresetTable& preset_table() {
     return table;
 }
 
-// Case-insensitive preset name or Hugging Face id -> canonical preset name.
 bool iequal(std::string_view a, std::string_view b) {
     return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
                return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
@@ -163,12 +173,9 @@ bool iequal(std::string_view a, std::string_view b) {
 const embedded::EmbeddedPreset* find_preset(std::string_view spec) {
     for (std::size_t i = 0; i < embedded::kPresetCount; ++i) {
         const auto& p = embedded::kPresets[i];
-        if (iequal(p.name, spec) || (*p.hf_id && iequal(p.hf_id, spec))) return &p;
-        for (std::string_view same = p.same_architecture; !same.empty();) {
-            const auto nl = same.find('\n');
-            if (iequal(same.substr(0, nl), spec)) return &p;
-            same = nl == std::string_view::npos ? std::string_view{} : same.substr(nl + 1);
-        }
+        if (iequal(p.name, spec) || (*p.hf_id && iequal(p.hf_id, spec)) ||
+            any_same_architecture(p, [&](std::string_view id) { return iequal(id, spec); }))
+            return &p;
     }
     return nullptr;
 }
@@ -252,8 +259,8 @@ const char* preset_config_text(std::string_view name) {
 }
 
 Result<ModelGraph> load_preset(std::string_view name) {
-    const auto canonical = resolve_preset(name);
-    if (!canonical) {
+    const auto* preset = find_preset(name);
+    if (!preset) {
         std::string msg = "unknown preset \"" + std::string(name) + "\" (run 'gpumem models' for the list)";
         if (auto s = suggest_presets(name); !s.empty()) {
             msg += "; did you mean: ";
@@ -262,13 +269,13 @@ Result<ModelGraph> load_preset(std::string_view name) {
         }
         return Error{ErrorCode::NotFound, msg, std::string(name)};
     }
-    const char* text = find_preset(name)->json;
+    const std::string canonical = preset->name;
     return detail::guard([&]() -> Result<ModelGraph> {
-        const json cfg = detail::parse_json_text(text, "preset " + *canonical);
-        auto r = load_hf_config_json(cfg, "preset " + *canonical);
+        const json cfg = detail::parse_json_text(preset->json, "preset " + canonical);
+        auto r = load_hf_config_json(cfg, "preset " + canonical);
         if (!r) return r;
         ModelGraph g = std::move(r).value();
-        g.name = *canonical;
+        g.name = canonical;
         g.source = "preset";
         return g;
     });

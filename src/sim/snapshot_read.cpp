@@ -913,6 +913,30 @@ private:
         static const std::string none;
         return sax_.number_float(v, none);
     }
+    // The members of an object or the elements of an array, after the opening
+    // bracket: `one` reads one (a key and its value, or a value); they are
+    // separated by commas and end at `close`.
+    template <class One>
+    bool sequence(char close, One one) {
+        ws();
+        if (p_ < end_ && *p_ == close) {
+            ++p_;
+            return true;
+        }
+        while (true) {
+            if (!one()) return false;
+            ws();
+            if (p_ == end_) return false;
+            if (*p_ == ',') {
+                ++p_;
+                ws();
+                continue;
+            }
+            if (*p_ != close) return false;
+            ++p_;
+            return true;
+        }
+    }
     bool value() {
         if (p_ == end_) return false;
         if (p_ >= next_) {
@@ -920,56 +944,23 @@ private:
             next_ = p_ + kStep;
         }
         switch (*p_) {
-            case '{': {
+            case '{':
                 ++p_;
                 sax_.start_object(static_cast<std::size_t>(-1));
-                ws();
-                if (p_ < end_ && *p_ == '}') {
-                    ++p_;
-                    return sax_.end_object();
-                }
-                while (true) {
-                    if (p_ == end_ || *p_ != '"' || !str(key_)) return false;
-                    sax_.key(key_);
-                    ws();
-                    if (p_ == end_ || *p_ != ':') return false;
-                    ++p_;
-                    ws();
-                    if (!value()) return false;
-                    ws();
-                    if (p_ == end_) return false;
-                    if (*p_ == ',') {
-                        ++p_;
-                        ws();
-                        continue;
-                    }
-                    if (*p_ != '}') return false;
-                    ++p_;
-                    return sax_.end_object();
-                }
-            }
-            case '[': {
+                return sequence('}', [&] {
+                           if (p_ == end_ || *p_ != '"' || !str(key_)) return false;
+                           sax_.key(key_);
+                           ws();
+                           if (p_ == end_ || *p_ != ':') return false;
+                           ++p_;
+                           ws();
+                           return value();
+                       }) &&
+                       sax_.end_object();
+            case '[':
                 ++p_;
                 sax_.start_array(static_cast<std::size_t>(-1));
-                ws();
-                if (p_ < end_ && *p_ == ']') {
-                    ++p_;
-                    return sax_.end_array();
-                }
-                while (true) {
-                    if (!value()) return false;
-                    ws();
-                    if (p_ == end_) return false;
-                    if (*p_ == ',') {
-                        ++p_;
-                        ws();
-                        continue;
-                    }
-                    if (*p_ != ']') return false;
-                    ++p_;
-                    return sax_.end_array();
-                }
-            }
+                return sequence(']', [&] { return value(); }) && sax_.end_array();
             case '"': {
                 std::string v;
                 if (!str(v)) return false;
