@@ -1,6 +1,13 @@
 // The per-thread work budget (gpumem/core/budget.hpp).
 #include "gpumem/core/budget.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <charconv>
+
+#include "gpumem/core/result.hpp"
+
 namespace gpumem {
 
 namespace detail {
@@ -8,6 +15,7 @@ thread_local WorkBudget* current_budget = nullptr;
 
 void check_budget_slow(WorkBudget& b) {
     if ((++b.calls_ & 255u) != 0) return;
+    if ((b.calls_ & 65535u) == 0) b.check_memory();
     if ((b.cancel_ != nullptr && b.cancel_->load(std::memory_order_relaxed)) || WorkBudget::Clock::now() >= b.deadline_)
         throw BudgetExceeded("the request needs more than its work budget of " + std::to_string(b.limit_.count()) +
                              " ms; ask for less (fewer layouts, points, GPUs or steps) or raise the budget (gpumem serve --time-limit)");
@@ -22,6 +30,46 @@ WorkBudget::WorkBudget(std::chrono::milliseconds limit, const std::atomic<bool>*
 WorkBudget::WorkBudget(const Share& s)
     : deadline_(s.deadline), limit_(s.limit), cancel_(s.cancel), previous_(detail::current_budget) {
     detail::current_budget = this;
+}
+
+WorkBudget::WorkBudget(MemoryLimit memory)
+    : deadline_(Clock::time_point::max()),
+      limit_(0),
+      cancel_(nullptr),
+      previous_(detail::current_budget),
+      memory_base_(resident_bytes()),
+      memory_(std::move(memory)) {
+    if (previous_ != nullptr) {
+        deadline_ = previous_->deadline_;
+        limit_ = previous_->limit_;
+        cancel_ = previous_->cancel_;
+    }
+    detail::current_budget = this;
+}
+
+void WorkBudget::check_memory() const {
+    if (memory_.max_growth > 0 && resident_bytes() - memory_base_ > memory_.max_growth)
+        throw InputError(Error{ErrorCode::InvalidArgument, memory_.message, memory_.field});
+}
+
+void check_memory_now() {
+    if (const WorkBudget* b = detail::current_budget) b->check_memory();
+}
+
+std::int64_t resident_bytes() {
+    const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[128];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    ::close(fd);
+    if (n <= 0) return 0;
+    // "size resident shared text lib data dt", in pages.
+    const char* p = buf;
+    const char* end = buf + n;
+    while (p < end && *p != ' ') ++p;
+    std::int64_t pages = 0;
+    if (p < end) std::from_chars(p + 1, end, pages);
+    return pages * static_cast<std::int64_t>(::sysconf(_SC_PAGESIZE));
 }
 
 std::optional<WorkBudget::Share> WorkBudget::current_share() {

@@ -129,6 +129,12 @@ public:
         while (true) {
             check_budget();  // the service's deadline (one load when none is set)
             if (pos_ >= n) truncated("the pickle has no STOP opcode");
+            // Bytes behind are never read again (strings are copied): the
+            // caller may drop them, whether or not entries were streamed.
+            if (stream_ && pos_ - progress_pos_ >= (std::size_t(16) << 20)) {
+                progress_pos_ = pos_;
+                stream_->sink->progress(pos_);
+            }
             op_pos_ = pos_;
             const std::uint8_t op = static_cast<std::uint8_t>(data_[pos_++]);
             switch (op) {
@@ -378,6 +384,7 @@ private:
             malformed("more than " + std::to_string(lim_.max_nodes) + " values");
         ++doc_.created_;
         doc_.nodes_.push_back(node);
+        check_bytes();
         return static_cast<Id>(doc_.nodes_.size() - 1);
     }
     Id make(Kind k, std::int64_t payload) {
@@ -403,7 +410,9 @@ private:
         }
         node.ref = static_cast<std::uint32_t>(doc_.containers_.size());
         const Id id = new_node(node);
+        payload_ += items.size() * sizeof(Id);
         doc_.containers_.push_back(std::move(items));
+        check_bytes();
         return id;
     }
     void push_string(Kind k, std::uint64_t len) {
@@ -414,6 +423,8 @@ private:
         node.kind = k;
         node.ref = static_cast<std::uint32_t>(doc_.strings_.size());
         const Id id = new_node(node);
+        payload_ += static_cast<std::size_t>(len);
+        check_bytes();
         doc_.strings_.emplace_back(data_.substr(pos_, static_cast<std::size_t>(len)));
         pos_ += static_cast<std::size_t>(len);
         push(id);
@@ -486,7 +497,31 @@ private:
     }
     void push(Id id) {
         if (stack_.size() >= lim_.max_container) malformed("stack deeper than " + std::to_string(lim_.max_container));
+        if (stack_.size() == stack_.capacity()) {
+            stack_.reserve(2 * stack_.size() + 16);
+            check_bytes();
+        }
         stack_.push_back(id);
+    }
+
+    // --- memory -------------------------------------------------------------
+    // What the document and the parser's own tables hold: vector capacities
+    // (what the process really keeps, freed nodes' slots included), string
+    // bytes and container items (payload_), the memo and the stack. Checked
+    // at every growth against Limits::max_bytes, so that no input, whatever
+    // its shape, makes the reader hold more than that.
+    [[nodiscard]] std::size_t held_bytes() const {
+        return doc_.nodes_.capacity() * sizeof(Node) + doc_.strings_.capacity() * sizeof(std::string) +
+               doc_.containers_.capacity() * sizeof(std::vector<Id>) + payload_ + memo_dense_.capacity() * sizeof(Id) +
+               memo_sparse_.size() * 48 + memo_log_.capacity() * sizeof(std::uint64_t) + stack_.capacity() * sizeof(Id) +
+               marks_.capacity() * sizeof(MarkRec);
+    }
+    void check_bytes() {
+        if (held_bytes() <= lim_.max_bytes) return;
+        fail_at(ErrorCode::ParseError,
+                "reading it needs more than " + std::to_string(lim_.max_bytes >> 20) + " MiB of memory at byte " +
+                    std::to_string(op_pos_) + (stream_ ? " for the values outside the streamed " + std::string(stream_->key) + " entries" : "") +
+                    " (gpumem's limit for one pickle; a memory snapshot's segments and shared frames need far less)");
     }
     // The items above the last MARK, left on the stack (the caller resizes
     // it to last_mark_.stack when done); the MARK is popped.
@@ -531,6 +566,8 @@ private:
         for (Id id : items) h = std::max(h, doc_.nodes_[id].height + 1);
         if (h > lim_.max_depth) too_deep();
         t.height = static_cast<std::uint16_t>(h);
+        payload_ += items.size() * sizeof(Id);
+        check_bytes();
         c.insert(c.end(), items.begin(), items.end());
     }
 
@@ -551,7 +588,11 @@ private:
     void memo_put(std::uint64_t key) {
         need_stack(1);
         const Id v = stack_.back();
-        if (stream_) memo_log_.push_back(key);
+        if (stream_) {
+            const auto cap = memo_log_.capacity();
+            memo_log_.push_back(key);
+            if (memo_log_.capacity() != cap) check_bytes();
+        }
         if (key < memo_dense_.size() && memo_dense_[key] != kNoMemo) {
             memo_dense_[key] = v;
             return;
@@ -571,6 +612,7 @@ private:
         } else {
             memo_sparse_.emplace(key, v);
         }
+        check_bytes();
     }
     void memo_get(std::uint64_t key) {
         Id* v = memo_slot(key);
@@ -624,6 +666,9 @@ private:
     void release(const MarkRec& rec, std::span<const Id> items) {
         const auto W = static_cast<Id>(rec.nodes);
         if (rec.min_ext < W) return;
+        // Everything made since the MARK leaves payload_; what survives is added back below.
+        for (std::size_t k = rec.strings; k < doc_.strings_.size(); ++k) payload_ -= doc_.strings_[k].size();
+        for (std::size_t k = rec.containers; k < doc_.containers_.size(); ++k) payload_ -= doc_.containers_[k].size() * sizeof(Id);
         std::vector<Id> claimed;
         for (Id i : items)
             if (i >= W) claimed.push_back(i);
@@ -687,6 +732,8 @@ private:
             for (Id& i : c)
                 if (i >= W) i = moved.at(i);
         for (Id* slot : fix) *slot = moved.at(*slot);
+        for (const auto& x : strings) payload_ += x.size();
+        for (const auto& x : containers) payload_ += x.size() * sizeof(Id);
         memo_log_.resize(rec.memolog);
         doc_.nodes_.resize(W);
         doc_.strings_.resize(rec.strings);
@@ -706,10 +753,12 @@ private:
     std::vector<Id> stack_;
     std::vector<MarkRec> marks_;
     MarkRec last_mark_{};
+    std::size_t progress_pos_ = 0;  // where the sink was last told the position
     std::vector<std::uint64_t> memo_log_;  // memo keys stored (streaming only)
     std::vector<Id> memo_dense_;
     std::unordered_map<std::uint64_t, Id> memo_sparse_;
     std::size_t memo_count_ = 0;
+    std::size_t payload_ = 0;     // string bytes and container items (4 bytes each) held
     Document doc_;
 };
 

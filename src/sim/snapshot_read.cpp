@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/core/budget.hpp"
 #include "gpumem/core/input.hpp"
 #include "gpumem/sim/pickle.hpp"
 
@@ -479,6 +480,15 @@ private:
         std::string key = f.filename + '\n' + std::to_string(f.line) + '\n' + f.name;
         const auto it = frame_index_.find(key);
         if (it != frame_index_.end()) return it->second;
+        // Frames only label allocations: past kMaxFrames distinct ones (a real
+        // program has a few thousand call sites) the rest go unlabelled.
+        if (out_.frames.size() >= kMaxFrames) {
+            if (!frames_capped_)
+                out_.notes.push_back("more than " + std::to_string(kMaxFrames) +
+                                     " distinct stack frames; allocations at further ones are unlabelled");
+            frames_capped_ = true;
+            return -1;
+        }
         const auto idx = static_cast<std::int32_t>(out_.frames.size());
         out_.frames.push_back(f);
         frame_index_.emplace(std::move(key), idx);
@@ -665,6 +675,8 @@ private:
     std::int64_t total_ = 0;
     bool has_history_ = false;
     bool warned_state_ = false;
+    bool frames_capped_ = false;
+    static constexpr std::size_t kMaxFrames = 65536;
     std::unordered_map<std::uint64_t, std::int32_t> frame_cache_;
     std::unordered_map<std::string, std::int32_t> frame_index_;
 };
@@ -679,15 +691,26 @@ using Progress = std::function<void(std::size_t)>;
 // for the trace entries (root["device_traces"][d][i]): each is built alone
 // and handed to the Reader when it ends. Nesting deeper than kMaxJsonDepth
 // stops the parse where it happens (the message check_json_depth gives).
+// The memory the built values take is counted as they are made (an estimate
+// of nlohmann's nodes: a json value, a string's heap copy, an object's tree
+// node and key): the document outside the entries may hold at most
+// kMaxJsonTreeBytes, one entry kMaxJsonEntryBytes, so no input makes the
+// reader hold more, whatever its shape. With `skip` > 0 the values of the
+// first `skip` top-level "device_traces" keys are read and dropped (a file
+// that repeats the key: the last one counts, as in json.load).
 class JsonStream {
 public:
+    static constexpr std::size_t kMaxJsonTreeBytes = std::size_t(384) << 20;
+    static constexpr std::size_t kMaxJsonEntryBytes = std::size_t(16) << 20;
+
     using string_t = json::string_t;
     using number_integer_t = json::number_integer_t;
     using number_unsigned_t = json::number_unsigned_t;
     using number_float_t = json::number_float_t;
     using binary_t = json::binary_t;
 
-    JsonStream(Reader<JRef>& r, std::string_view text, const std::string& origin) : r_(r), text_(text), origin_(origin) {}
+    JsonStream(Reader<JRef>& r, std::string_view text, const std::string& origin, int skip = 0)
+        : r_(r), text_(text), origin_(origin), skip_(skip) {}
 
     json& root() { return root_; }
     int device_traces_keys() const { return dt_keys_; }
@@ -697,7 +720,10 @@ public:
     bool number_integer(number_integer_t v) { return value(json(v)); }
     bool number_unsigned(number_unsigned_t v) { return value(json(v)); }
     bool number_float(number_float_t v, const string_t&) { return value(json(v)); }
-    bool string(string_t& v) { return value(json(std::move(v))); }
+    bool string(string_t& v) {
+        charge(v.size() > 15 ? v.size() + 1 : 0);
+        return value(json(std::move(v)));
+    }
     bool binary(binary_t& v) { return value(json::binary(std::move(v))); }
     bool start_object(std::size_t) { return open(json::value_t::object); }
     bool start_array(std::size_t) { return open(json::value_t::array); }
@@ -713,24 +739,45 @@ public:
     }
 
 private:
-    enum Role : std::uint8_t { Plain, DeviceTraces, DeviceList, Entry };
+    enum Role : std::uint8_t { Plain, DeviceTraces, DeviceList, Entry, Skip };
+    static constexpr std::size_t kContainerBytes = 48;  // an object's map or an array's vector
     struct Level {
         json* v;
         Role role;
         std::string key;  // objects: the key of the value being read
     };
 
+    // Counts `n` bytes against the document's or the current entry's limit.
+    void charge(std::size_t n) {
+        check_budget();  // the memory limit analyze_snapshot installs
+        std::size_t& held = entry_level_ ? entry_bytes_ : tree_bytes_;
+        held += n;
+        const std::size_t limit = entry_level_ ? kMaxJsonEntryBytes : kMaxJsonTreeBytes;
+        if (held <= limit) return;
+        fail(ErrorCode::ParseError, origin_,
+             origin_ + ": reading it needs more than " + std::to_string(limit >> 20) + " MiB of memory " +
+                 (entry_level_ ? std::string("for one device_traces entry") : std::string("outside the device_traces entries")) +
+                 " (gpumem's limit; a memory snapshot's segments, settings and entries need far less)");
+    }
+    // The first `skip_` top-level device_traces values are dropped.
+    bool skipping_key() const {
+        return levels_.size() == 1 && levels_[0].v->is_object() && levels_[0].key == "device_traces" && dt_keys_ <= skip_;
+    }
     // Where a new value goes: the root, an array's end or an object's key.
     json* slot() {
         if (levels_.empty()) return &root_;
         Level& l = levels_.back();
         if (l.v->is_array()) {
+            charge(2 * sizeof(json));  // the element, and the vector's spare room
             l.v->push_back(json());
             return &l.v->back();
         }
+        charge(sizeof(json) + 64 + l.key.size());  // a map node: links, key, value
         return &(*l.v)[l.key];
     }
     bool value(json&& v) {
+        if (!levels_.empty() && levels_.back().role == Skip) return true;
+        if (skipping_key()) return true;
         if (!levels_.empty() && levels_.back().role == DeviceList) {
             entry_ = std::move(v);
             deliver();
@@ -747,10 +794,17 @@ private:
         }
         Role role = Plain;
         json* v = nullptr;
+        if ((!levels_.empty() && levels_.back().role == Skip) || skipping_key()) {
+            levels_.push_back(Level{nullptr, Skip, {}});
+            return true;
+        }
         if (!levels_.empty() && levels_.back().role == DeviceList) {
             role = Entry;
+            entry_level_ = levels_.size() + 1;
+            entry_bytes_ = 0;
             entry_ = json(t);
             v = &entry_;
+            charge(kContainerBytes);
         } else {
             if (levels_.size() == 1 && levels_[0].v->is_object() && levels_[0].key == "device_traces" &&
                 t == json::value_t::array) {
@@ -761,6 +815,7 @@ private:
             }
             v = slot();
             *v = json(t);
+            charge(kContainerBytes);
         }
         levels_.push_back(Level{v, role, {}});
         return true;
@@ -775,6 +830,8 @@ private:
         const JRef e{&entry_};
         r_.entries(device_, std::span<const JRef>(&e, 1));
         entry_ = json();
+        entry_level_ = 0;
+        entry_bytes_ = 0;
     }
 
     Reader<JRef>& r_;
@@ -785,6 +842,9 @@ private:
     std::vector<Level> levels_;
     std::size_t device_ = 0;
     int dt_keys_ = 0;
+    int skip_ = 0;
+    std::size_t entry_level_ = 0;  // levels_.size() inside the entry being built (0: none)
+    std::size_t tree_bytes_ = 0, entry_bytes_ = 0;
 };
 
 // An input iterator over mapped text that calls `progress` every 64 MiB.
@@ -984,38 +1044,39 @@ private:
 
 Snapshot parse_json_streaming(std::string_view data, const std::string& origin, TraceEntrySink& sink,
                               const Progress& progress) {
+    // One pass over the text: the fast lexer, or nlohmann's SAX parser for
+    // text the lexer hands back (escapes, non-ASCII, invalid JSON). Returns
+    // the number of top-level "device_traces" keys; `snap` is complete when
+    // it is at most skip + 1.
+    auto pass = [&](Snapshot& snap, bool fast, int skip) {
+        snap = Snapshot{};
+        snap.origin = origin;
+        snap.format = "json";
+        Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
+        reader.stream_to(&sink, nullptr);
+        JsonStream handler(reader, data, origin, skip);
+        if (fast) {
+            if (!FastJson(data, handler, progress).run()) return -1;
+        } else {
+            const ProgressIter first(data.data(), data.data(), &progress), last(data.data() + data.size(), data.data(), nullptr);
+            json::sax_parse(first, last, &handler);
+        }
+        if (handler.device_traces_keys() <= skip + 1) reader.read_root(JRef{&handler.root()});
+        return handler.device_traces_keys();
+    };
     Snapshot snap;
-    snap.origin = origin;
-    snap.format = "json";
-    {
-        Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
-        reader.stream_to(&sink, nullptr);
-        JsonStream handler(reader, data, origin);
-        if (FastJson(data, handler, progress).run()) {
-            if (handler.device_traces_keys() <= 1) {
-                reader.read_root(JRef{&handler.root()});
-                return snap;
-            }
-        }
+    int keys = pass(snap, true, 0);
+    const bool fast = keys >= 0;
+    if (!fast) {
+        sink.restart();
+        keys = pass(snap, false, 0);
     }
+    if (keys <= 1) return snap;
+    // "device_traces" more than once at the top: the last one counts, as in
+    // json.load; read again, dropping the earlier ones.
     sink.restart();
-    snap = Snapshot{};
-    snap.origin = origin;
-    snap.format = "json";
-    {
-        Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
-        reader.stream_to(&sink, nullptr);
-        JsonStream handler(reader, data, origin);
-        const ProgressIter first(data.data(), data.data(), &progress), last(data.data() + data.size(), data.data(), nullptr);
-        json::sax_parse(first, last, &handler);
-        if (handler.device_traces_keys() <= 1) {
-            reader.read_root(JRef{&handler.root()});
-            return snap;
-        }
-    }
-    // "device_traces" twice at the top: the last one counts; read it whole.
-    sink.restart();
-    return parse_json(data, origin, &sink);
+    pass(snap, fast, keys - 1);
+    return snap;
 }
 
 Snapshot parse_json(std::string_view data, const std::string& origin, TraceEntrySink* sink) {

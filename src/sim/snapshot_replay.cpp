@@ -27,6 +27,29 @@ int default_device(const Snapshot& s) {
 
 namespace {
 
+// What a streamed read keeps of each entry of the replayed device: 32 bytes
+// instead of SnapshotTraceEntry's 48 (no time; an "oom" entry, which has no
+// address, keeps device_free in addr).
+struct KeptEntry {
+    std::int64_t addr = 0;
+    Bytes size;
+    std::int64_t stream = 0;
+    std::int32_t frame = -1;
+    TraceAction action = TraceAction::Other;
+
+    static KeptEntry of(const SnapshotTraceEntry& e) {
+        return KeptEntry{e.action == TraceAction::Oom ? e.device_free.count() : e.addr, e.size, e.stream, e.frame, e.action};
+    }
+};
+static_assert(sizeof(KeptEntry) == 32);
+Bytes device_free_of(const SnapshotTraceEntry& e) { return e.device_free; }
+Bytes device_free_of(const KeptEntry& e) { return Bytes(e.addr); }
+
+// OOM entries noted one by one; past this, one note counts the rest.
+constexpr std::int64_t kMaxOomNotes = 20;
+// OOM entries listed in a streamed summary (all are counted).
+constexpr std::size_t kMaxOomRecords = 1000;
+
 class TraceBuilder {
 public:
     TraceBuilder(const Snapshot& s, TraceConversion& out) : s_(s), out_(out) {}
@@ -113,7 +136,12 @@ void from_device_trace(const Snapshot& s, const Entries& entries, int device, Tr
     };
     std::vector<Seed> seeds;
     std::unordered_set<std::int64_t> seen;
+    // Reserved at once (zeroed buckets are resident at once): the memory
+    // limit is checked before they fill, not after a rehash jumped past it.
+    seen.reserve(static_cast<std::size_t>(allocs));  // frees mostly name allocated addresses
+    check_memory_now();
     for (const auto& e : entries) {
+        check_budget();
         if (e.action == TraceAction::Alloc) {
             seen.insert(e.addr);
         } else if (e.action == free_action) {
@@ -138,6 +166,8 @@ void from_device_trace(const Snapshot& s, const Entries& entries, int device, Tr
     // Every event but an implicit free (rare) has its place reserved.
     out.trace.events.reserve(seeds.size() + static_cast<std::size_t>(allocs + (completed ? completes : requests)));
     std::unordered_map<std::int64_t, Live> live;
+    live.reserve(std::min<std::size_t>(seen.size(), static_cast<std::size_t>(allocs) + seeds.size()));
+    check_memory_now();
     for (const auto& sd : seeds) {
         live[sd.addr] = Live{tb.alloc(sd.stream, sd.size, sd.frame), sd.size};
         ++info.seeded;
@@ -163,16 +193,18 @@ void from_device_trace(const Snapshot& s, const Entries& entries, int device, Tr
             }
         } else {
             ++info.ignored;
-            if (e.action == TraceAction::Oom) {
-                ++info.ooms;
+            if (e.action == TraceAction::Oom && ++info.ooms <= kMaxOomNotes) {
                 std::string msg = "device " + std::to_string(device) + " trace entry " + std::to_string(i) +
                                   ": out of memory: tried to allocate " + format_bytes(e.size) + " with " +
-                                  format_bytes(e.device_free) + " free on the device";
+                                  format_bytes(device_free_of(e)) + " free on the device";
                 if (e.frame >= 0) msg += " (" + frame_label(s.frames[static_cast<std::size_t>(e.frame)]) + ")";
                 out.notes.push_back(msg + "; the failed request is not replayed");
             }
         }
     }
+    if (info.ooms > kMaxOomNotes)
+        out.notes.push_back(std::to_string(info.ooms - kMaxOomNotes) + " more out-of-memory entries (the first " +
+                            std::to_string(kMaxOomNotes) + " are noted above); the failed requests are not replayed");
     if (info.seeded)
         out.notes.push_back(std::to_string(info.seeded) + " allocation(s) (" + format_bytes(info.seeded_bytes) +
                             ") made before the trace began were added at its start (the trace buffer keeps only the last "
@@ -228,7 +260,7 @@ TraceConversion to_trace_detailed(const Snapshot& s, int device) {
 
 namespace {
 // to_trace_detailed() on the entries a streamed read kept for `device`.
-TraceConversion to_trace_streamed(const Snapshot& s, const std::deque<SnapshotTraceEntry>& entries, int device) {
+TraceConversion to_trace_streamed(const Snapshot& s, const std::deque<KeptEntry>& entries, int device) {
     TraceConversion out;
     out.info.device = device;
     if (device >= 0 && !entries.empty())
@@ -249,9 +281,16 @@ namespace {
 // `kept`: with `streamed`, the trace entries of the one device a streamed
 // read kept (snap.device_traces then holds none).
 SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const StreamedTraceStats* streamed = nullptr,
-                       std::deque<SnapshotTraceEntry>* kept = nullptr, int kept_device = -1) {
+                       std::deque<KeptEntry>* kept = nullptr, int kept_device = -1) {
     SnapshotReport rep;
     rep.summary = summarize(snap, opt.top_n, streamed);
+    if (streamed) {
+        std::int64_t ooms = 0;
+        for (const auto& t : streamed->traces) ooms += t.oom;
+        if (ooms > static_cast<std::int64_t>(streamed->ooms.size()))
+            rep.summary.notes.push_back(std::to_string(ooms) + " out-of-memory entries in the trace; the first " +
+                                        std::to_string(streamed->ooms.size()) + " are listed");
+    }
     int device = opt.device;
     if (device < 0) {
         device = kept && !kept->empty() ? kept_device : default_device(snap);
@@ -271,7 +310,7 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const Streamed
     }
     auto conv = kept ? to_trace_streamed(snap, *kept, device) : to_trace_detailed(snap, device);
     // The entries are in the trace now: free them before the replay.
-    if (kept) std::deque<SnapshotTraceEntry>().swap(*kept);
+    if (kept) std::deque<KeptEntry>().swap(*kept);
     rep.summary.conversion = conv.info;
     for (auto& n : conv.notes) rep.summary.notes.push_back(std::move(n));
 
@@ -309,7 +348,8 @@ public:
         }
         auto& st = traces[static_cast<std::size_t>(d)];
         st.count(e.action);
-        if (e.action == TraceAction::Oom) {
+        check_budget();  // the memory limit analyze_snapshot installs
+        if (e.action == TraceAction::Oom && stats_.ooms.size() < kMaxOomRecords) {
             stats_.ooms.push_back(SnapshotOom{d, i, e.size, e.device_free, e.time_us, {}});
             oom_frames_.push_back(e.frame);
         }
@@ -319,7 +359,7 @@ public:
             kept_.clear();
             kept_device_ = d;
         }
-        kept_.push_back(e);
+        kept_.push_back(KeptEntry::of(e));
     }
     void restart() override {
         stats_ = {};
@@ -340,20 +380,32 @@ public:
         });
         return stats_;
     }
-    std::deque<SnapshotTraceEntry>& kept() { return kept_; }
+    std::deque<KeptEntry>& kept() { return kept_; }
     [[nodiscard]] int kept_device() const { return kept_device_; }
 
 private:
     int want_;
     StreamedTraceStats stats_;
     std::vector<std::int32_t> oom_frames_;
-    std::deque<SnapshotTraceEntry> kept_;  // chunked: growing it never copies
+    std::deque<KeptEntry> kept_;  // chunked: growing it never copies
     int kept_device_ = -1;
 };
 
 }  // namespace
 
+namespace {
+// The memory limit of one analysis: reading, converting and replaying.
+WorkBudget::MemoryLimit memory_limit(const std::string& origin) {
+    return {kMaxSnapshotMemory,
+            origin + ": reading and replaying it needs more than " + std::to_string(kMaxSnapshotMemory >> 20) +
+                " MiB of memory (gpumem's limit for one snapshot); record a shorter trace, e.g. "
+                "torch.cuda.memory._record_memory_history(max_entries=1000000)",
+            origin};
+}
+}  // namespace
+
 Result<SnapshotReport> analyze_snapshot_bytes(std::string_view data, std::string origin, const SnapshotOptions& opt) {
+    const WorkBudget memory(memory_limit(origin));
     KeepOneDevice sink(opt.device);
     auto snap = parse_snapshot_streaming(data, std::move(origin), sink);
     if (!snap) return snap.error();
@@ -364,6 +416,7 @@ Result<SnapshotReport> analyze_snapshot_bytes(std::string_view data, std::string
 }
 
 Result<SnapshotReport> analyze_snapshot(const std::string& path, const SnapshotOptions& opt) {
+    const WorkBudget memory(memory_limit(path));
     KeepOneDevice sink(opt.device);
     auto snap = read_snapshot_streaming(path, sink);
     if (!snap) return snap.error();

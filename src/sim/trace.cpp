@@ -315,6 +315,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         std::unordered_map<std::int64_t, Rec> at_peak;
         at_peak.reserve(live.size() + 16);
         for (std::int64_t i = 0; i <= res.peak_event; ++i) {
+            check_budget();
             const TraceEvent& e = ev[static_cast<std::size_t>(i)];
             if (e.kind == TraceEvent::Kind::Alloc && accepted[static_cast<std::size_t>(i)]) {
                 at_peak.emplace(e.id, Rec{e.size, e.label, e.phase});
@@ -322,24 +323,43 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                 at_peak.erase(e.id);
             }
         }
-        std::vector<LiveTensor> all;
-        all.reserve(at_peak.size());
-        for (const auto& [id, r] : at_peak) {
-            LiveTensor t;
-            t.id = id;
-            t.size = r.size;
-            if (r.label >= 0 && static_cast<std::size_t>(r.label) < trace.labels.size())
-                t.label = trace.labels[static_cast<std::size_t>(r.label)];
-            t.phase = r.phase;
-            all.push_back(std::move(t));
-        }
-        const auto top = static_cast<std::size_t>(std::min<std::int64_t>(opt.top_tensors, static_cast<std::int64_t>(all.size())));
-        auto larger = [](const LiveTensor& a, const LiveTensor& b) {
-            if (a.size != b.size) return a.size > b.size;
+        // The `top` largest (size descending, then id), kept in a heap of
+        // that size: no copy of every live tensor.
+        struct Cand {
+            std::int64_t id;
+            Rec r;
+        };
+        auto larger = [](const Cand& a, const Cand& b) {
+            if (a.r.size != b.r.size) return a.r.size > b.r.size;
             return a.id < b.id;
         };
-        std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(top), all.end(), larger);
-        all.resize(top);
+        const auto top = static_cast<std::size_t>(std::min<std::int64_t>(opt.top_tensors, static_cast<std::int64_t>(at_peak.size())));
+        std::vector<Cand> best;  // a heap whose front is the smallest kept
+        best.reserve(top + 1);
+        for (const auto& [id, r] : at_peak) {
+            check_budget();
+            const Cand c{id, r};
+            if (best.size() < top) {
+                best.push_back(c);
+                std::push_heap(best.begin(), best.end(), larger);
+            } else if (top > 0 && larger(c, best.front())) {
+                std::pop_heap(best.begin(), best.end(), larger);
+                best.back() = c;
+                std::push_heap(best.begin(), best.end(), larger);
+            }
+        }
+        std::sort(best.begin(), best.end(), larger);
+        std::vector<LiveTensor> all;
+        all.reserve(best.size());
+        for (const Cand& c : best) {
+            LiveTensor t;
+            t.id = c.id;
+            t.size = c.r.size;
+            if (c.r.label >= 0 && static_cast<std::size_t>(c.r.label) < trace.labels.size())
+                t.label = trace.labels[static_cast<std::size_t>(c.r.label)];
+            t.phase = c.r.phase;
+            all.push_back(std::move(t));
+        }
         res.top_at_peak = std::move(all);
     }
     return res;

@@ -9,6 +9,13 @@
 // cancelled. The work is therefore cancelled, not abandoned: the thread
 // unwinds, frees what it built, and returns to the pool.
 // Without an installed budget check_budget() costs one thread-local load.
+//
+// A budget may also bound memory (MemoryLimit): the process's resident size
+// (/proc/self/statm) may grow by at most `max_growth` bytes while it is
+// installed, read every 65,536 checks. Past it, check_budget() throws an
+// InputError carrying the caller's message (exit 2, HTTP 400): reading a
+// hostile snapshot is refused in one line instead of exhausting memory,
+// whatever the shape of the file.
 #pragma once
 
 #include <atomic>
@@ -35,6 +42,15 @@ public:
     using Clock = std::chrono::steady_clock;
     // Installs a budget on the calling thread for this object's lifetime.
     explicit WorkBudget(std::chrono::milliseconds limit, const std::atomic<bool>* cancel = nullptr);
+
+    struct MemoryLimit {
+        std::int64_t max_growth = 0;  // bytes the resident size may grow by
+        std::string message;          // the error past it (one line: what, the limit, the fix)
+        std::string field;            // the file or field it is about
+    };
+    // Installs a memory limit, keeping the enclosing budget's deadline and
+    // cancel flag (none: no deadline).
+    explicit WorkBudget(MemoryLimit memory);
     ~WorkBudget();
     WorkBudget(const WorkBudget&) = delete;
     WorkBudget& operator=(const WorkBudget&) = delete;
@@ -55,12 +71,22 @@ public:
 
 private:
     friend void detail::check_budget_slow(WorkBudget& b);
+    friend void check_memory_now();
+    void check_memory() const;
     Clock::time_point deadline_;
     std::chrono::milliseconds limit_;
     const std::atomic<bool>* cancel_;
     WorkBudget* previous_;
     std::uint32_t calls_ = 0;
+    std::int64_t memory_base_ = 0;  // resident bytes when installed (with a memory limit)
+    MemoryLimit memory_;
 };
+
+// The process's resident size in bytes (/proc/self/statm), 0 where unknown.
+std::int64_t resident_bytes();
+// Checks the calling thread's memory limit now (after a large reservation),
+// not at the next 65,536th check_budget().
+void check_memory_now();
 
 namespace detail {
 extern thread_local WorkBudget* current_budget;

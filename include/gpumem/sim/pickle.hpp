@@ -37,9 +37,10 @@
 // dict itself becomes unreachable (a GET of it is an error). Memory then grows
 // with the memo and the rest of the file, not with the claimed items.
 //
-// Limits keep memory proportional to the input: every length is checked
-// against the remaining bytes, each opcode creates at most one node, and
-// nesting deeper than Limits::max_depth is an error.
+// Limits keep memory bounded: every length is checked against the remaining
+// bytes, each opcode creates at most one node, nesting deeper than
+// Limits::max_depth is an error, and the memory held at any time (document,
+// memo, stack) is checked against Limits::max_bytes.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,11 @@ struct Limits {
     std::size_t max_nodes = 400'000'000;        // values created
     std::size_t max_container = 1u << 28;       // items in one list/tuple/dict/set
     std::size_t max_string = std::size_t(1) << 31;  // bytes in one string
+    // Memory the reader may hold at once: the document's nodes, strings and
+    // item lists, the memo and the stack (vector capacities counted). Freed
+    // streamed entries give theirs back; what stays (a huge list outside the
+    // streamed key, memo-heavy data) is stopped here with an error.
+    std::size_t max_bytes = std::size_t(384) << 20;
 };
 
 class Document {

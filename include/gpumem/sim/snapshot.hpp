@@ -106,7 +106,20 @@ struct Snapshot {
     std::vector<std::string> notes;                              // things the reader tolerated
 };
 
-// Reads a snapshot file: a pickle (first byte 0x80) or JSON.
+// What one analyze_snapshot() call may add to the process's resident size
+// (reading, converting and replaying together; checked as it goes, see
+// WorkBudget::MemoryLimit). Between two checks a vector's reallocation can
+// briefly hold old and new copies (up to ~140 MiB more was measured on
+// crafted traces); with that, the process's own few MiB and the mapped
+// file's pages around the read position (at most ~33 MiB), the whole stays
+// under 1 GiB. The 10^7-entry trace of bench/snapshot_bench.cpp takes about
+// 600 MiB.
+inline constexpr std::int64_t kMaxSnapshotMemory = std::int64_t(720) << 20;
+
+// Reads a snapshot file: a pickle (first byte 0x80) or JSON, whole: the
+// document and every trace entry are held (for tests and small files; the
+// commands read through analyze_snapshot(), which streams and whose memory
+// is bounded by kMaxSnapshotMemory).
 Result<Snapshot> read_snapshot(const std::string& path);
 // The same from bytes; `origin` names the data in error messages.
 Result<Snapshot> parse_snapshot_bytes(std::string_view data, std::string origin);
