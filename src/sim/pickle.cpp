@@ -424,7 +424,8 @@ private:
         node.ref = static_cast<std::uint32_t>(doc_.strings_.size());
         const Id id = new_node(node);
         payload_ += static_cast<std::size_t>(len);
-        check_bytes();
+        if (len >= 65536) check_bytes_now();
+        else check_bytes();
         doc_.strings_.emplace_back(data_.substr(pos_, static_cast<std::size_t>(len)));
         pos_ += static_cast<std::size_t>(len);
         push(id);
@@ -499,7 +500,7 @@ private:
         if (stack_.size() >= lim_.max_container) malformed("stack deeper than " + std::to_string(lim_.max_container));
         if (stack_.size() == stack_.capacity()) {
             stack_.reserve(2 * stack_.size() + 16);
-            check_bytes();
+            check_bytes_now();
         }
         stack_.push_back(id);
     }
@@ -516,7 +517,13 @@ private:
                memo_sparse_.size() * 48 + memo_log_.capacity() * sizeof(std::uint64_t) + stack_.capacity() * sizeof(Id) +
                marks_.capacity() * sizeof(MarkRec);
     }
+    // Every 256th growth, or now: between two checks the held bytes grow by
+    // at most 256 nodes' worth (strings of 64 KiB or more and table
+    // reallocations are checked at once).
     void check_bytes() {
+        if ((++growths_ & 255u) == 0) check_bytes_now();
+    }
+    void check_bytes_now() {
         if (held_bytes() <= lim_.max_bytes) return;
         fail_at(ErrorCode::ParseError,
                 "reading it needs more than " + std::to_string(lim_.max_bytes >> 20) + " MiB of memory at byte " +
@@ -591,7 +598,7 @@ private:
         if (stream_) {
             const auto cap = memo_log_.capacity();
             memo_log_.push_back(key);
-            if (memo_log_.capacity() != cap) check_bytes();
+            if (memo_log_.capacity() != cap) check_bytes_now();
         }
         if (key < memo_dense_.size() && memo_dense_[key] != kNoMemo) {
             memo_dense_[key] = v;
@@ -759,6 +766,7 @@ private:
     std::unordered_map<std::uint64_t, Id> memo_sparse_;
     std::size_t memo_count_ = 0;
     std::size_t payload_ = 0;     // string bytes and container items (4 bytes each) held
+    std::uint32_t growths_ = 0;   // check_bytes() calls
     Document doc_;
 };
 
