@@ -14,7 +14,7 @@ namespace detail {
 thread_local WorkBudget* current_budget = nullptr;
 
 void check_budget_slow(WorkBudget& b) {
-    if ((++b.calls_ & 255u) != 0) return;
+    // Called by check_budget() on every 256th call.
     if ((b.calls_ & 65535u) == 0) b.check_memory();
     if ((b.cancel_ != nullptr && b.cancel_->load(std::memory_order_relaxed)) || WorkBudget::Clock::now() >= b.deadline_)
         throw BudgetExceeded("the request needs more than its work budget of " + std::to_string(b.limit_.count()) +
