@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,33 @@ TEST(SimFastPath, DecodeGridEqualsFullReplay) {
     EXPECT_GE(t.exact, t.total / 2);
     std::printf("decode: %d jobs, %d exact, %d approximate; worst deviation %.3f%% allocated, %.3f%% reserved\n", t.total, t.exact,
                 t.approximate, 100 * t.worst_allocated, 100 * t.worst_reserved);
+}
+
+// An approximate answer whose total is within the 1% tolerance of the GPU's
+// memory is no sure "fits": the estimate warns. Not when the margin is wider,
+// nor when the simulation is exact.
+TEST(SimFastPath, ApproximateAnswerNearCapacityWarns) {
+    auto warned = [](std::int64_t gen, std::optional<Bytes> memory) {
+        EstimateRequest r;
+        r.model = "gpt2";
+        r.mode = Mode::Infer;
+        r.seq = 16;
+        r.gen_len = gen;
+        r.gpu_memory = memory;
+        auto res = simulate_estimate(test::grid_model(r.model), r);
+        EXPECT_TRUE(res.ok()) << (res.ok() ? "" : res.error().message);
+        if (!res.ok()) return std::make_pair(false, Bytes(0));
+        const auto& w = res.value().warnings;
+        const bool has = std::any_of(w.begin(), w.end(), [](const std::string& x) { return x.find("whether it fits is uncertain") != std::string::npos; });
+        return std::make_pair(has, res.value().per_gpu.total_device);
+    };
+    const Bytes total = warned(200, std::nullopt).second;  // decode past 64 steps: approximate
+    ASSERT_GT(total, Bytes(0));
+    EXPECT_TRUE(warned(200, Bytes(total.count() + total.count() / 200)).first);   // 0.5% above the total
+    EXPECT_TRUE(warned(200, Bytes(total.count() - total.count() / 200)).first);   // 0.5% below: does not fit, uncertain
+    EXPECT_FALSE(warned(200, Bytes(total.count() * 2)).first);
+    const Bytes exact = warned(50, std::nullopt).second;  // 50 decode steps: replayed in full
+    EXPECT_FALSE(warned(50, Bytes(exact.count() + exact.count() / 200)).first);
 }
 
 }  // namespace
