@@ -220,7 +220,8 @@ TEST_F(Hostile, PickleOfMemoizeOpcodes) {
     // Through the CLI under a 1 GiB address-space limit (the map took ~1.5 GB
     // for these 32 MiB).
     const std::string f = file("memo.pickle", p);
-    test::expect_input_error(cli("snapshot " + f, 1L << 20), "memo.pickle: reading it needs more than 384 MiB of memory");
+    test::expect_input_error(cli("snapshot " + f, 1L << 20),
+                             "memo.pickle: reading it needs more than " + std::to_string(sim::pickle::Limits{}.max_bytes >> 20) + " MiB of memory");
 }
 
 // 8 MiB of EMPTY_DICT opcodes: a node each and no item list until one is
@@ -312,8 +313,7 @@ TEST_F(Hostile, PickleMemoryLimitCountsWhatIsHeld) {
     write_trace_pickle(path, "]", 100000, [](std::int64_t i) {
         return "}(" + pk_str("action") + pk_str("alloc") + pk_str("addr") + pk_int(i * 512) + pk_str("size") + pk_int(512) + "u";
     });
-    std::ifstream in(path, std::ios::binary);
-    const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string data = test::slurp(path);
     sim::pickle::StreamSpec spec;
     spec.key = "device_traces";
     spec.sink = &count;
@@ -347,8 +347,9 @@ TEST_F(Hostile, SnapshotBulkOutsideTheTraceIsRefusedUnder1GiB) {
     for (std::int64_t i = 1; i < n; ++i) j += ",0";
     j += "], \"device_traces\": []}";
     const std::string fj = file("bulk.json", j);
-    test::expect_input_error(cli("snapshot " + fi), "ints.pickle: reading it needs more than 384 MiB of memory");
-    test::expect_input_error(cli("snapshot " + fd), "dicts.pickle: reading it needs more than 384 MiB of memory");
+    const std::string limit = std::to_string(sim::pickle::Limits{}.max_bytes >> 20) + " MiB";
+    test::expect_input_error(cli("snapshot " + fi), "ints.pickle: reading it needs more than " + limit + " of memory");
+    test::expect_input_error(cli("snapshot " + fd), "dicts.pickle: reading it needs more than " + limit + " of memory");
     test::expect_input_error(cli("snapshot " + fj), "bulk.json: reading it needs more than 384 MiB of memory outside the device_traces entries");
     EXPECT_LT(children_max_rss_kib(), 1L << 20);
 }
@@ -363,7 +364,8 @@ TEST_F(Hostile, SnapshotOfMillionsOfLiveAllocationsStopsUnder1GiB) {
         return "}(" + pk_str("action") + pk_str("alloc") + pk_str("addr") + pk_int(i * 512) + pk_str("size") + pk_int(512) +
                pk_str("stream") + pk_int(0) + "u";
     });
-    test::expect_input_error(cli("snapshot " + f), "live.pickle: reading and replaying it needs more than 720 MiB of memory");
+    test::expect_input_error(cli("snapshot " + f), "live.pickle: reading and replaying it needs more than " +
+                                                       std::to_string(sim::kMaxSnapshotMemory >> 20) + " MiB of memory");
     EXPECT_LT(children_max_rss_kib(), 1L << 20);
 }
 

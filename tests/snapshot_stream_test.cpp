@@ -14,6 +14,7 @@
 #include "../bench/snapshot_gen.hpp"
 #include "gpumem/report/snapshot_render.hpp"
 #include "gpumem/sim/snapshot.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -23,12 +24,7 @@ namespace fs = std::filesystem;
 
 const std::string kDir = std::string(GPUMEM_SOURCE_DIR) + "/tests/fixtures/snapshots/";
 
-std::string slurp(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::ostringstream s;
-    s << f.rdbuf();
-    return s.str();
-}
+using gpumem::test::slurp;
 
 // The whole-document path, step by step as analyze_snapshot did it before
 // reading streamed.
@@ -42,20 +38,7 @@ SnapshotReport whole_document(const std::string& path, const SnapshotOptions& op
     auto conv = to_trace_detailed(s, device);
     rep.summary.conversion = conv.info;
     for (auto& n : conv.notes) rep.summary.notes.push_back(n);
-    ReplayOptions ro = opt.replay;
-    if (opt.config_from_snapshot) {
-        const auto it = s.allocator_settings.find("PYTORCH_CUDA_ALLOC_CONF");
-        if (it != s.allocator_settings.end() && !it->second.empty() && it->second != "None") {
-            auto cfg = AllocatorConfig::parse(it->second);
-            if (cfg) {
-                ro.config = cfg.value();
-                rep.summary.notes.push_back("replayed with the snapshot's PYTORCH_CUDA_ALLOC_CONF=" + it->second);
-            } else {
-                rep.summary.notes.push_back("the snapshot's PYTORCH_CUDA_ALLOC_CONF could not be used (" +
-                                            cfg.error().message + "); replayed with the default configuration");
-            }
-        }
-    }
+    const ReplayOptions ro = snapshot_replay_options(s, opt, rep.summary.notes);
     rep.summary.replay_config = ro.config.to_string();
     rep.replay = replay(conv.trace, ro);
     return rep;

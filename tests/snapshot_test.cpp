@@ -23,6 +23,7 @@
 #include "gpumem/report/snapshot_render.hpp"
 #include "gpumem/sim/pickle.hpp"
 #include "gpumem/sim/snapshot.hpp"
+#include "test_util.hpp"
 
 using namespace gpumem;
 using namespace gpumem::sim;
@@ -31,12 +32,7 @@ namespace {
 
 const std::string kDir = std::string(GPUMEM_SOURCE_DIR) + "/tests/fixtures/snapshots/";
 
-std::string slurp(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+using gpumem::test::slurp;
 
 template <std::size_t N>
 std::string bytes(const char (&s)[N]) {

@@ -20,6 +20,14 @@ namespace gpumem::test {
 
 inline std::string source_path(const std::string& rel) { return std::string(GPUMEM_SOURCE_DIR) + "/" + rel; }
 
+// A file's bytes ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::ostringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
+
 inline nlohmann::json read_json(const std::string& rel) {
     std::ifstream f(source_path(rel));
     return nlohmann::json::parse(f);

@@ -208,6 +208,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                            " available; the peaks shown are what the job needs";
         }
         s.notes = st.notes;
+        s.approximate = st.approximate;
         if (rep.phases_left_out > 0)
             s.notes.push_back("per-phase rows: " + std::to_string(rep.phases_left_out) +
                               " rows of the steady state's repeated micro-batches not listed (they repeat the rows before them)");
@@ -286,9 +287,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         // 64 micro-batches, decode past 64 steps) is checked within 1% of the
         // full replay (tests/sim_fast_path_test.cpp); a total that close to
         // the GPU's memory is no sure "fits" or "does not fit".
-        const bool approximate = std::any_of(s.notes.begin(), s.notes.end(),
-                                             [](const std::string& n) { return n.find("(approximate") != std::string::npos; });
-        if (approximate && r.per_gpu.capacity > Bytes(0)) {
+        if (s.approximate && r.per_gpu.capacity > Bytes(0)) {
             const double ratio = static_cast<double>(r.per_gpu.total_device.count()) / static_cast<double>(r.per_gpu.capacity.count());
             if (ratio > 0.99 && ratio < 1.01)
                 r.warnings.push_back("the step simulation is approximate (see its notes; within 1% of a full replay on the test grids) and "

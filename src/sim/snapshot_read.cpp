@@ -21,7 +21,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpumem/core/budget.hpp"
 #include "gpumem/core/input.hpp"
 #include "gpumem/sim/pickle.hpp"
 
@@ -682,8 +681,6 @@ private:
 };
 
 
-Snapshot parse_json(std::string_view data, const std::string& origin, TraceEntrySink* sink = nullptr);
-
 // Called with the byte the parser has reached (streaming: pages before it can go).
 using Progress = std::function<void(std::size_t)>;
 
@@ -749,7 +746,6 @@ private:
 
     // Counts `n` bytes against the document's or the current entry's limit.
     void charge(std::size_t n) {
-        check_budget();  // the memory limit analyze_snapshot installs
         std::size_t& held = entry_level_ ? entry_bytes_ : tree_bytes_;
         held += n;
         const std::size_t limit = entry_level_ ? kMaxJsonEntryBytes : kMaxJsonTreeBytes;
@@ -1079,7 +1075,7 @@ Snapshot parse_json_streaming(std::string_view data, const std::string& origin, 
     return snap;
 }
 
-Snapshot parse_json(std::string_view data, const std::string& origin, TraceEntrySink* sink) {
+Snapshot parse_json(std::string_view data, const std::string& origin) {
     // Nesting is bounded by a linear scan first (a snapshot nests ~6 levels);
     // the plain parse then builds the DOM in linear time. (nlohmann's callback
     // parser rescans the parent array at every object's end: quadratic.)
@@ -1094,7 +1090,6 @@ Snapshot parse_json(std::string_view data, const std::string& origin, TraceEntry
     snap.origin = origin;
     snap.format = "json";
     Reader<JRef> reader(snap, std::numeric_limits<std::size_t>::max());
-    reader.stream_to(sink, nullptr);
     reader.read_root(JRef{&doc});
     return snap;
 }

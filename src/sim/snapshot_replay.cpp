@@ -277,27 +277,39 @@ Trace to_trace(const Snapshot& s, int device) { return to_trace_detailed(s, devi
 // ---------------------------------------------------------------------------
 // The front-end entry point.
 
-namespace {
-// `kept`: with `streamed`, the trace entries of the one device a streamed
-// read kept (snap.device_traces then holds none).
-SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const StreamedTraceStats* streamed = nullptr,
-                       std::deque<KeptEntry>* kept = nullptr, int kept_device = -1) {
-    SnapshotReport rep;
-    rep.summary = summarize(snap, opt.top_n, streamed);
-    if (streamed) {
-        std::int64_t ooms = 0;
-        for (const auto& t : streamed->traces) ooms += t.oom;
-        if (ooms > static_cast<std::int64_t>(streamed->ooms.size()))
-            rep.summary.notes.push_back(std::to_string(ooms) + " out-of-memory entries in the trace; the first " +
-                                        std::to_string(streamed->ooms.size()) + " are listed");
+ReplayOptions snapshot_replay_options(const Snapshot& s, const SnapshotOptions& opt, std::vector<std::string>& notes) {
+    ReplayOptions ro = opt.replay;
+    if (!opt.config_from_snapshot) return ro;
+    const auto it = s.allocator_settings.find("PYTORCH_CUDA_ALLOC_CONF");
+    if (it == s.allocator_settings.end() || it->second.empty() || it->second == "None") return ro;
+    auto cfg = AllocatorConfig::parse(it->second);
+    if (cfg) {
+        ro.config = cfg.value();
+        notes.push_back("replayed with the snapshot's PYTORCH_CUDA_ALLOC_CONF=" + it->second);
+    } else {
+        notes.push_back("the snapshot's PYTORCH_CUDA_ALLOC_CONF could not be used (" + cfg.error().message +
+                        "); replayed with the default configuration");
     }
+    return ro;
+}
+
+namespace {
+// `kept`: the trace entries of the one device the streamed read kept
+// (snap.device_traces holds none); `streamed`: every device's statistics.
+SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const StreamedTraceStats& streamed,
+                       std::deque<KeptEntry>& kept, int kept_device) {
+    SnapshotReport rep;
+    rep.summary = summarize(snap, opt.top_n, &streamed);
+    std::int64_t ooms = 0;
+    for (const auto& t : streamed.traces) ooms += t.oom;
+    if (ooms > static_cast<std::int64_t>(streamed.ooms.size()))
+        rep.summary.notes.push_back(std::to_string(ooms) + " out-of-memory entries in the trace; the first " +
+                                    std::to_string(streamed.ooms.size()) + " are listed");
     int device = opt.device;
     if (device < 0) {
-        device = kept && !kept->empty() ? kept_device : default_device(snap);
+        device = !kept.empty() ? kept_device : default_device(snap);
     } else {
-        const bool has_trace = kept ? device == kept_device && !kept->empty()
-                                    : static_cast<std::size_t>(device) < snap.device_traces.size() &&
-                                          !snap.device_traces[static_cast<std::size_t>(device)].empty();
+        const bool has_trace = device == kept_device && !kept.empty();
         const bool has_segments = std::any_of(snap.segments.begin(), snap.segments.end(),
                                               [&](const SnapshotSegment& sg) { return sg.device == device; });
         if (!has_trace && !has_segments) {
@@ -308,26 +320,13 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const Streamed
                      (list.empty() ? std::string(" (the snapshot is empty)") : " (devices in the file: " + list + ")"));
         }
     }
-    auto conv = kept ? to_trace_streamed(snap, *kept, device) : to_trace_detailed(snap, device);
+    auto conv = to_trace_streamed(snap, kept, device);
     // The entries are in the trace now: free them before the replay.
-    if (kept) std::deque<KeptEntry>().swap(*kept);
+    std::deque<KeptEntry>().swap(kept);
     rep.summary.conversion = conv.info;
     for (auto& n : conv.notes) rep.summary.notes.push_back(std::move(n));
 
-    ReplayOptions ro = opt.replay;
-    if (opt.config_from_snapshot) {
-        const auto it = snap.allocator_settings.find("PYTORCH_CUDA_ALLOC_CONF");
-        if (it != snap.allocator_settings.end() && !it->second.empty() && it->second != "None") {
-            auto cfg = AllocatorConfig::parse(it->second);
-            if (cfg) {
-                ro.config = cfg.value();
-                rep.summary.notes.push_back("replayed with the snapshot's PYTORCH_CUDA_ALLOC_CONF=" + it->second);
-            } else {
-                rep.summary.notes.push_back("the snapshot's PYTORCH_CUDA_ALLOC_CONF could not be used (" + cfg.error().message +
-                                            "); replayed with the default configuration");
-            }
-        }
-    }
+    const ReplayOptions ro = snapshot_replay_options(snap, opt, rep.summary.notes);
     rep.summary.replay_config = ro.config.to_string();
     if (opt.run_replay) rep.replay = replay(conv.trace, ro);
     return rep;
@@ -402,28 +401,27 @@ WorkBudget::MemoryLimit memory_limit(const std::string& origin) {
                 "torch.cuda.memory._record_memory_history(max_entries=1000000)",
             origin};
 }
+
+// Reads with `read(sink)` (a streaming reader) under the memory limit, then analyzes.
+template <class Read>
+Result<SnapshotReport> analyze_streamed(const std::string& origin, const SnapshotOptions& opt, Read&& read) {
+    const WorkBudget memory(memory_limit(origin));
+    KeepOneDevice sink(opt.device);
+    auto snap = read(sink);
+    if (!snap) return snap.error();
+    return capture([&]() -> Result<SnapshotReport> {
+        const auto& stats = sink.finish(snap.value());
+        return analyze(std::move(snap).value(), opt, stats, sink.kept(), sink.kept_device());
+    });
+}
 }  // namespace
 
 Result<SnapshotReport> analyze_snapshot_bytes(std::string_view data, std::string origin, const SnapshotOptions& opt) {
-    const WorkBudget memory(memory_limit(origin));
-    KeepOneDevice sink(opt.device);
-    auto snap = parse_snapshot_streaming(data, std::move(origin), sink);
-    if (!snap) return snap.error();
-    return capture([&]() -> Result<SnapshotReport> {
-        const auto& stats = sink.finish(snap.value());
-        return analyze(std::move(snap).value(), opt, &stats, &sink.kept(), sink.kept_device());
-    });
+    return analyze_streamed(origin, opt, [&](KeepOneDevice& sink) { return parse_snapshot_streaming(data, origin, sink); });
 }
 
 Result<SnapshotReport> analyze_snapshot(const std::string& path, const SnapshotOptions& opt) {
-    const WorkBudget memory(memory_limit(path));
-    KeepOneDevice sink(opt.device);
-    auto snap = read_snapshot_streaming(path, sink);
-    if (!snap) return snap.error();
-    return capture([&]() -> Result<SnapshotReport> {
-        const auto& stats = sink.finish(snap.value());
-        return analyze(std::move(snap).value(), opt, &stats, &sink.kept(), sink.kept_device());
-    });
+    return analyze_streamed(path, opt, [&](KeepOneDevice& sink) { return read_snapshot_streaming(path, sink); });
 }
 
 Result<SnapshotReport> analyze_snapshot(const std::string& path, const ReplayOptions& replay) {

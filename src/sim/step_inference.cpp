@@ -83,6 +83,7 @@ void StepBuilder::inference() {
         for (std::int64_t t = 1; t <= full; ++t) run_forward(decode_plans, prompt + t, true);
         if (gen > full + 1) run_forward(decode_plans, prompt + gen - 1, true);
         if (gen > full) run_forward(decode_plans, prompt + gen, true);
+        out_.approximate = out_.approximate || gen > full;
         if (gen > full)
             out_.notes.push_back("decode: simulated steps 1-" + std::to_string(full) +
                                  (gen > full + 1 ? ", " + std::to_string(gen - 1) + " and " : " and step ") + std::to_string(gen) +

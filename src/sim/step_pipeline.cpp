@@ -298,6 +298,7 @@ void StepBuilder::run() {
     const std::int64_t m_sim = opt_.all_micro_batches || steady
                                    ? m
                                    : std::max(pipeline_steady_micro_batches(pp_, vpp_, m, rank_), std::min(m, kFullMicroBatches - kFullMicroBatches % pp_));
+    out_.approximate = out_.approximate || m_sim < m;
     if (m_sim < m)
         out_.notes.push_back("grad-accum " + std::to_string(m) + ": micro-batches after the first " + std::to_string(m_sim) +
                              " allocate and free what earlier ones did; " + std::to_string(m_sim) + " simulated per step (approximate)");

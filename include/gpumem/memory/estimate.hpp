@@ -116,6 +116,9 @@ struct SimulationSummary {
     bool oom = false;
     std::string oom_detail;
     std::vector<std::string> notes;
+    // The step trace was cut without an exact steady state (sim/step.hpp's
+    // StepTrace::approximate): within 1% of a full replay on the test grids.
+    bool approximate = false;
 };
 
 // A low / expected / high range for one figure (memory/uncertainty.hpp).

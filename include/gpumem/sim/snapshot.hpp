@@ -109,10 +109,10 @@ struct Snapshot {
 // What one analyze_snapshot() call may add to the process's resident size
 // (reading, converting and replaying together; checked as it goes, see
 // WorkBudget::MemoryLimit). Between two checks a vector's reallocation can
-// briefly hold old and new copies (up to ~140 MiB more was measured on
-// crafted traces); with that, the process's own few MiB and the mapped
-// file's pages around the read position (at most ~33 MiB), the whole stays
-// under 1 GiB. The 10^7-entry trace of bench/snapshot_bench.cpp takes about
+// briefly hold old and new copies; with that, the process's own few MiB and
+// the mapped file's pages around the read position (at most ~33 MiB), the
+// whole stays under 1 GiB (crafted files peaked at 823 MB;
+// tests/hostile_input_test.cpp checks it). The 10^7-entry trace of bench/snapshot_bench.cpp takes about
 // 600 MiB.
 inline constexpr std::int64_t kMaxSnapshotMemory = std::int64_t(720) << 20;
 
@@ -263,6 +263,11 @@ struct SnapshotOptions {
     std::int64_t top_n = 10;  // largest allocations listed
     bool run_replay = true;
 };
+
+// The replay options an analysis uses: opt.replay, with the snapshot's
+// recorded PYTORCH_CUDA_ALLOC_CONF when opt.config_from_snapshot and it
+// parses; a note in `notes` says which was used.
+ReplayOptions snapshot_replay_options(const Snapshot& s, const SnapshotOptions& opt, std::vector<std::string>& notes);
 
 struct SnapshotReport {
     SnapshotSummary summary;

@@ -84,6 +84,9 @@ struct StepTrace {
     Trace trace;
     std::vector<StepCheckpoints> steps;  // one per training step
     std::vector<std::string> notes;
+    // Part of the schedule was cut without an exact steady state (interleaved
+    // pipelines past 64 micro-batches, decode past 64 steps); a note says how.
+    bool approximate = false;
 };
 
 // The most events one step trace holds (about 55 bytes and a few microseconds
