@@ -314,8 +314,11 @@ void StepBuilder::run() {
     // micro-batches of the second step, pp 16 after 250, mixtral-8x7b pp 16
     // after 700 (periods of 2 pp chunks), so the window grows with pp. The
     // interleaved schedule's cache did not repeat within 2500 micro-batches
-    // (llama-3-8b pp 4 vpp 2): it keeps the short window and the 64-micro-batch
-    // cut, approximate.
+    // (llama-3-8b pp 4 vpp 2; on llama-3.2-1b the live tensors repeat every
+    // 4 pp vpp chunk operations, but tensors of one size take different
+    // small-pool blocks from one period to the next): it keeps the short
+    // window and the 64-micro-batch cut, approximate (within 1% of a full
+    // replay on tests/sim_fast_path_test.cpp's grid).
     const std::int64_t warm = 2 * pp_ * vpp_ + 2;
     const std::int64_t window = vpp_ > 1 ? 16 * pp_ * vpp_ + 128 : 64 * pp_ + 512;
     const std::int64_t rebase = 8 * pp_ * vpp_ + 32;
