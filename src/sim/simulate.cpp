@@ -116,21 +116,29 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             // it was built with, so the second replay gets its own trace.
             ro.capacity = capacity;
             ro.stop_at_oom = true;
+            std::string too_large;
             auto build = [&]() -> std::optional<sim::StepTrace> {
                 so.steady_state = &ro;
                 try {
                     return sim::build_step_trace(g, j, so);
                 } catch (const sim::TraceTooLarge& e) {
-                    // Too long to simulate within bounded time and memory: the analytic
-                    // estimate (what --analytic prints), said so.
-                    r.warnings.push_back(std::string("step simulation skipped: ") + e.what() +
-                                         " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
-                    r.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
+                    too_large = e.what();
                     return std::nullopt;
                 }
             };
+            // Too long to simulate within bounded time and memory: the analytic
+            // estimate, exactly what --analytic prints (finished: error band,
+            // calibration), said so. Stages simulated before are not kept.
+            auto analytic_only = [&]() {
+                EstimateResult a = analytic_estimate(g, req).value();
+                a.warnings.push_back("step simulation skipped: " + too_large +
+                                     " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
+                a.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
+                finish_estimate(a);
+                return a;
+            };
             std::optional<sim::StepTrace> built = build();
-            if (!built) return r;
+            if (!built) return analytic_only();
             sim::StepTrace trace = std::move(*built);
             sim::ReplayResult one = sim::replay(trace.trace, ro);
             std::optional<sim::OomInfo> one_oom = one.oom;
@@ -142,7 +150,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                 ro.capacity = Bytes(INT64_MAX / 4);
                 ro.stop_at_oom = false;
                 built = build();
-                if (!built) return r;
+                if (!built) return analytic_only();
                 trace = std::move(*built);
                 one = sim::replay(trace.trace, ro);
             }
