@@ -312,13 +312,19 @@ void StepBuilder::run() {
     // Under 1F1B the live tensors repeat after the warm-up, but the allocator's
     // cache settles slowly: llama-3-8b/70b pp 4 repeat after about 200
     // micro-batches of the second step, pp 16 after 250, mixtral-8x7b pp 16
-    // after 700 (periods of 2 pp chunks), so the window grows with pp. The
-    // interleaved schedule's cache did not repeat within 2500 micro-batches
-    // (llama-3-8b pp 4 vpp 2; on llama-3.2-1b the live tensors repeat every
-    // 4 pp vpp chunk operations, but tensors of one size take different
-    // small-pool blocks from one period to the next): it keeps the short
-    // window and the 64-micro-batch cut, approximate (within 1% of a full
-    // replay on tests/sim_fast_path_test.cpp's grid).
+    // after 700 (periods of 2 pp chunks), so the window grows with pp. Under
+    // the interleaved schedule the live tensors repeat every 4 pp vpp chunk
+    // operations, but tensors of one size take different small-pool blocks
+    // from one period to the next. Compared over long lags (one base after
+    // every chunk's first backward, every 2 pp vpp-th boundary kept), the
+    // state did come back on llama-3.2-1b and llama-3-8b pp 4 vpp 2 (seq
+    // 256): after 11 periods (352 operations), found 500-4,600 operations in,
+    // at 5-10x this detection's cost and up to 170 MB. On qwen2-0.5b's first
+    // rank it did not within 14,000 operations: the signature's length (the
+    // block layout) wanders without a short cycle. No state repetition makes
+    // the interleaved answer exact in general, so it keeps the short window
+    // and the 64-micro-batch cut, approximate (within 1% of a full replay on
+    // tests/sim_fast_path_test.cpp's grid).
     const std::int64_t warm = 2 * pp_ * vpp_ + 2;
     const std::int64_t window = vpp_ > 1 ? 16 * pp_ * vpp_ + 128 : 64 * pp_ + 512;
     const std::int64_t rebase = 8 * pp_ * vpp_ + 32;
