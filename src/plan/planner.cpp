@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "gpumem/core/budget.hpp"
+#include "gpumem/core/parallel.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/sim/simulate.hpp"
@@ -213,54 +214,8 @@ std::vector<std::int64_t> divisors_upto(std::int64_t n, std::int64_t limit) {
     return out;
 }
 
-// Runs work(i) for every i in [0, n) on a few threads: never more than asked
-// (0: the cores), than there are items, or than kMaxThreads. A thread the
-// system refuses to start (std::system_error) is not an error: the threads
-// that did start, and the calling thread, share the items. Workers obey the
-// caller's work budget; the first exception a worker throws stops the others
-// from taking more items and is rethrown here once all have joined.
-constexpr unsigned kMaxThreads = 256;
 // The largest micro-batch searched (sequences per GPU per forward).
 constexpr std::int64_t kMaxMicroBatch = 64;
-
-template <class F>
-void parallel_for(std::size_t n, int requested, F&& work) {
-    if (n == 0) return;
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    const std::size_t want = std::min<std::size_t>({requested > 0 ? static_cast<std::size_t>(requested) : hw, n, kMaxThreads});
-    std::atomic<std::size_t> next{0};
-    std::mutex failed_mutex;
-    std::exception_ptr failed;
-    const std::optional<WorkBudget::Share> budget = WorkBudget::current_share();
-    auto drain = [&] {  // take items until none are left; the first failure stops everyone
-        for (std::size_t i = next++; i < n; i = next++) {
-            try {
-                work(i);
-            } catch (...) {
-                const std::lock_guard<std::mutex> lock(failed_mutex);
-                if (!failed) failed = std::current_exception();
-                next = n;  // no more items for anyone
-            }
-        }
-    };
-    auto body = [&] {
-        std::optional<WorkBudget> mine;
-        if (budget) mine.emplace(*budget);
-        drain();
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(want > 0 ? want - 1 : 0);
-    for (std::size_t t = 1; t < want; ++t) {
-        try {
-            pool.emplace_back(body);
-        } catch (const std::system_error&) {
-            break;  // the system has no more threads for us: run on those we have
-        }
-    }
-    drain();  // the calling thread takes items too (its own budget is already installed)
-    for (auto& th : pool) th.join();
-    if (failed) std::rethrow_exception(failed);
-}
 
 std::string layout_name(const Family& f) {
     std::string s = fmt::format("tp{} pp{}", f.tp, f.pp);
@@ -568,12 +523,14 @@ Result<PlanResult> plan(const PlanRequest& pr) {
             }
             state_changed.notify_all();
         };
-        const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-        const std::size_t workers = std::min<std::size_t>({pr.threads > 0 ? static_cast<std::size_t>(pr.threads) : hw, tries, kMaxThreads});
+        const std::size_t workers = parallel_width(tries, pr.threads);
+        // The threads left over simulate a candidate's pipeline ranks side by side.
+        SimulateOptions so;
+        so.threads = static_cast<int>(std::max<std::size_t>(1, parallel_width(kMaxThreads, pr.threads) / std::max<std::size_t>(1, workers)));
         parallel_for(workers, pr.threads, [&](std::size_t) {
             while (const auto k = take()) {
                 try {
-                    auto sim = simulate_estimate(g, cands[*k].request);
+                    auto sim = simulate_estimate(g, cands[*k].request, so);
                     const bool fits = sim && static_cast<double>(sim->per_gpu.total_device.count()) <= capacity;
                     if (sim) sims[*k] = std::move(sim).value();
                     settle(*k, fits ? Sim::Fits : Sim::NoFit);

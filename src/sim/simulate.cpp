@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
+#include "gpumem/core/parallel.hpp"
 #include "gpumem/memory/features.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
@@ -87,19 +89,37 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         for (const auto& st : par.stages)
             if (static_cast<double>(st.allocated.count()) >= 0.85 * static_cast<double>(analytic_max.count())) candidates.push_back(st.stage);
 
-        sim::ReplayOptions ro;
-        ro.mode = pytorch ? sim::AllocatorMode::PyTorch : sim::AllocatorMode::None;
-        ro.config = conf.value();
+        sim::ReplayOptions base_ro;
+        base_ro.mode = pytorch ? sim::AllocatorMode::PyTorch : sim::AllocatorMode::None;
+        base_ro.config = conf.value();
         const Bytes context = r.per_gpu.cuda_context + (r.parallel ? r.parallel->nccl_outside : Bytes(0));
         const Bytes capacity = j.capacity > context ? j.capacity - context : Bytes(0);
-        ro.top_tensors = 10;
+        base_ro.top_tensors = 10;
 
-        sim::StepTrace st;
-        sim::ReplayResult rep;
-        std::optional<sim::OomInfo> oom;
-        std::int64_t oom_event = -1, chosen = -1;
-        std::string oom_phase;
-        for (const std::int64_t stage : candidates) {
+        // One rank's simulation. Ranks run side by side (core/parallel.hpp);
+        // the one kept is the same whatever the threads: a rank that runs out
+        // of memory before one that does not, then the larger reserved peak,
+        // then the lower rank (the order a serial walk keeps).
+        struct RankRun {
+            std::size_t index = 0;
+            sim::StepTrace trace;
+            sim::ReplayResult rep;
+            std::optional<sim::OomInfo> oom;
+            std::int64_t oom_event = -1;
+            std::string oom_phase;
+            Bytes reserved;  // the reserved peak (the allocated one without an allocator model)
+        };
+        auto better = [](const RankRun& a, const RankRun& b) {  // a is kept over b
+            if (static_cast<bool>(a.oom) != static_cast<bool>(b.oom)) return static_cast<bool>(a.oom);
+            if (a.reserved != b.reserved) return a.reserved > b.reserved;
+            return a.index < b.index;
+        };
+        std::vector<Bytes> peak_alloc(candidates.size()), peak_res(candidates.size());
+        std::optional<RankRun> best;
+        std::string too_large;
+        std::mutex mutex;
+        parallel_for(candidates.size(), sopt.threads, [&](std::size_t i) {
+            const std::int64_t stage = candidates[i];
             sim::StepTraceOptions so;
             so.parallel = &par;
             so.stage = stage;
@@ -114,61 +134,64 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             // (The first replay stops at the OOM: only where and how it failed is
             // used.) The trace's steady-state cuts hold for the replay settings
             // it was built with, so the second replay gets its own trace.
+            sim::ReplayOptions ro = base_ro;
             ro.capacity = capacity;
             ro.stop_at_oom = true;
-            std::string too_large;
             auto build = [&]() -> std::optional<sim::StepTrace> {
                 so.steady_state = &ro;
                 try {
                     return sim::build_step_trace(g, j, so);
                 } catch (const sim::TraceTooLarge& e) {
+                    const std::lock_guard<std::mutex> lock(mutex);
                     too_large = e.what();
                     return std::nullopt;
                 }
             };
-            // Too long to simulate within bounded time and memory: the analytic
-            // estimate, exactly what --analytic prints (finished: error band,
-            // calibration), said so. Stages simulated before are not kept.
-            auto analytic_only = [&]() {
-                EstimateResult a = analytic_estimate(g, req).value();
-                a.warnings.push_back("step simulation skipped: " + too_large +
-                                     " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
-                a.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
-                finish_estimate(a);
-                return a;
-            };
             std::optional<sim::StepTrace> built = build();
-            if (!built) return analytic_only();
-            sim::StepTrace trace = std::move(*built);
-            sim::ReplayResult one = sim::replay(trace.trace, ro);
-            std::optional<sim::OomInfo> one_oom = one.oom;
-            std::int64_t one_event = -1;
-            std::string one_phase;
-            if (one_oom) {
-                one_event = trace.trace.full_index(one.oom_event);
-                one_phase = sim::phase_name(trace.trace.events[static_cast<std::size_t>(one.oom_event)].phase);
+            if (!built) return;
+            RankRun run;
+            run.index = i;
+            run.trace = std::move(*built);
+            run.rep = sim::replay(run.trace.trace, ro);
+            run.oom = run.rep.oom;
+            if (run.oom) {
+                run.oom_event = run.trace.trace.full_index(run.rep.oom_event);
+                run.oom_phase = sim::phase_name(run.trace.trace.events[static_cast<std::size_t>(run.rep.oom_event)].phase);
                 ro.capacity = Bytes(INT64_MAX / 4);
                 ro.stop_at_oom = false;
                 built = build();
-                if (!built) return analytic_only();
-                trace = std::move(*built);
-                one = sim::replay(trace.trace, ro);
+                if (!built) return;
+                run.trace = std::move(*built);
+                run.rep = sim::replay(run.trace.trace, ro);
             }
-            StageMemory& sm = par.stages[static_cast<std::size_t>(stage)];
-            sm.simulated = true;
-            sm.simulated_peak_allocated = one.peak_allocated;
-            sm.simulated_peak_reserved = pytorch ? one.peak_reserved : one.peak_allocated;
-            const bool better = chosen < 0 || (one_oom && !oom) ||
-                                (static_cast<bool>(one_oom) == static_cast<bool>(oom) && sm.simulated_peak_reserved > par.stages[static_cast<std::size_t>(chosen)].simulated_peak_reserved);
-            if (better) {
-                chosen = stage;
-                st = std::move(trace);
-                rep = std::move(one);
-                oom = one_oom;
-                oom_event = one_event;
-                oom_phase = one_phase;
-            }
+            peak_alloc[i] = run.rep.peak_allocated;
+            peak_res[i] = run.reserved = pytorch ? run.rep.peak_reserved : run.rep.peak_allocated;
+            const std::lock_guard<std::mutex> lock(mutex);
+            if (!best || better(run, *best)) best = std::move(run);
+        });
+        // Too long to simulate within bounded time and memory: the analytic
+        // estimate, exactly what --analytic prints (finished: error band,
+        // calibration), said so.
+        if (!too_large.empty() || !best) {
+            EstimateResult a = analytic_estimate(g, req).value();
+            a.warnings.push_back("step simulation skipped: " + too_large +
+                                 " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
+            a.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
+            finish_estimate(a);
+            return a;
         }
+        for (std::size_t i = 0; i < candidates.size(); ++i) {
+            StageMemory& sm = par.stages[static_cast<std::size_t>(candidates[i])];
+            sm.simulated = true;
+            sm.simulated_peak_allocated = peak_alloc[i];
+            sm.simulated_peak_reserved = peak_res[i];
+        }
+        const std::int64_t chosen = candidates[best->index];
+        sim::StepTrace st = std::move(best->trace);
+        sim::ReplayResult rep = std::move(best->rep);
+        const std::optional<sim::OomInfo> oom = best->oom;
+        const std::int64_t oom_event = best->oom_event;
+        const std::string oom_phase = best->oom_phase;
         par.most_loaded = chosen;
         if (r.parallel) {
             const StageMemory& m = par.stages[static_cast<std::size_t>(chosen)];

@@ -22,6 +22,9 @@ struct SimulateOptions {
     // (sim/step.hpp StepTraceOptions::steady_state), and every decode step
     // instead of the first 64 and the last: what the fast path must equal.
     bool full_replay = false;
+    // Threads that simulate a pipeline's ranks side by side (0: the cores;
+    // core/parallel.hpp). The answer does not depend on it.
+    int threads = 0;
 };
 
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req);
