@@ -295,9 +295,8 @@ void StepBuilder::run() {
     // over a few dozen more (a segment more or less), so up to
     // kFullMicroBatches run in full (approximate).
     constexpr std::int64_t kFullMicroBatches = 64;
-    const std::int64_t m_sim = opt_.all_micro_batches || steady
-                                   ? m
-                                   : std::max(pipeline_steady_micro_batches(pp_, vpp_, m, rank_), std::min(m, kFullMicroBatches - kFullMicroBatches % pp_));
+    const std::int64_t m_cut = std::max(pipeline_steady_micro_batches(pp_, vpp_, m, rank_), std::min(m, kFullMicroBatches - kFullMicroBatches % pp_));
+    const std::int64_t m_sim = opt_.all_micro_batches || steady ? m : m_cut;
     out_.approximate = out_.approximate || m_sim < m;
     if (m_sim < m)
         out_.notes.push_back("grad-accum " + std::to_string(m) + ": micro-batches after the first " + std::to_string(m_sim) +
@@ -336,7 +335,13 @@ void StepBuilder::run() {
     // `estimate` for llama-3.1-405b tp 2 pp 32 vpp 4, 31 ranks simulated,
     // 2.9 s -> 1.7 s; llama-3-70b tp 8 pp 8 1F1B grad-accum 256 1.2 s -> 0.6 s).
     const std::int64_t stride = 2 * pp_ * vpp_;
-    const bool detect = steady && n_ops > warm + 4;
+    // An interleaved schedule is simulated whole, without looking for its
+    // steady state, when it fits in the window or has no more micro-batches
+    // than the cut without one (m_cut): its state rarely repeats (above), so
+    // the probe, a second pass of the allocator model over every event, would
+    // double the cost for nothing, and the answer is the same either way (a
+    // cut is exact). Under 1F1B a cut usually comes early and pays for it.
+    const bool detect = steady && n_ops > warm + 4 && (vpp_ == 1 || (n_ops > warm + window && m_cut < m));
     std::optional<StateProbe> probe;
     if (detect) {
         probe.emplace(*opt_.steady_state);
