@@ -125,6 +125,64 @@ struct Live {
 
 bool same_phase(const TraceEvent& a, const TraceEvent& b) { return a.phase == b.phase && a.step == b.step; }
 
+// Values by tensor id. The traces replay() sees name their tensors 0, 1, 2,
+// ... (the step builder's ids, the snapshot conversion's): ids below
+// `dense_limit` live in a vector indexed by id (a hash map's lookups and node
+// allocations were a tenth of a pipeline simulation), others in a hash map.
+// The vectors grow (doubling) to the largest id seen, at most dense_limit.
+template <class V>
+class IdTable {
+public:
+    explicit IdTable(std::int64_t dense_limit) : limit_(dense_limit) {}
+
+    [[nodiscard]] V* find(std::int64_t id) {
+        if (dense(id)) return static_cast<std::size_t>(id) < has_.size() && has_[static_cast<std::size_t>(id)] ? &values_[static_cast<std::size_t>(id)] : nullptr;
+        auto it = sparse_.find(id);
+        return it == sparse_.end() ? nullptr : &it->second;
+    }
+    // `id` must not be in the table.
+    void insert(std::int64_t id, const V& v) {
+        ++size_;
+        if (!dense(id)) {
+            sparse_.emplace(id, v);
+            return;
+        }
+        const auto i = static_cast<std::size_t>(id);
+        if (i >= has_.size()) {
+            const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(limit_), std::max<std::size_t>(i + 1, 2 * has_.size()));
+            has_.resize(n, 0);
+            values_.resize(n);
+        }
+        has_[i] = 1;
+        values_[i] = v;
+    }
+    void erase(std::int64_t id) {  // if present
+        if (dense(id)) {
+            const auto i = static_cast<std::size_t>(id);
+            if (i >= has_.size() || !has_[i]) return;
+            has_[i] = 0;
+        } else if (sparse_.erase(id) == 0) {
+            return;
+        }
+        --size_;
+    }
+    [[nodiscard]] std::size_t size() const { return size_; }
+    template <class F>
+    void for_each(F&& f) const {
+        for (std::size_t i = 0; i < has_.size(); ++i)
+            if (has_[i]) f(static_cast<std::int64_t>(i), values_[i]);
+        for (const auto& [id, v] : sparse_) f(id, v);
+    }
+
+private:
+    [[nodiscard]] bool dense(std::int64_t id) const { return id >= 0 && id < limit_; }
+    std::int64_t limit_;
+    std::vector<V> values_;
+    std::vector<std::uint8_t> has_;
+    std::unordered_map<std::int64_t, V> sparse_;
+    std::size_t size_ = 0;
+};
+
 }  // namespace
 
 ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
@@ -150,8 +208,10 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     TimelinePoint reserved_peak_point;
     bool have_reserved_peak = false;
 
-    std::unordered_map<std::int64_t, Live> live;
-    live.reserve(1024);
+    // At most 2^20 ids in the vectors (17 MiB): a snapshot of millions of
+    // entries keeps the rest in the hash map, within its memory limit.
+    const std::int64_t dense_ids = std::min<std::int64_t>(checked_add(checked_mul(n, std::int64_t{4}), std::int64_t{1024}), std::int64_t{1} << 20);
+    IdTable<Live> live(dense_ids);
     std::vector<std::uint8_t> accepted(static_cast<std::size_t>(n), 0);  // Alloc events that allocated
     std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
 
@@ -193,7 +253,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         }
         switch (e.kind) {
             case TraceEvent::Kind::Alloc: {
-                if (live.count(e.id)) {
+                if (live.find(e.id)) {
                     ++res.duplicate_allocs;
                     break;
                 }
@@ -208,18 +268,18 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                     if (opt.stop_at_oom) stop = true;
                     break;  // skipped: its Free finds no live id and is ignored
                 }
-                live.emplace(e.id, Live{*h, e.size});
+                live.insert(e.id, Live{*h, e.size});
                 accepted[static_cast<std::size_t>(i)] = 1;
                 break;
             }
             case TraceEvent::Kind::Free: {
-                auto it = live.find(e.id);
-                if (it == live.end()) {
+                const Live* l = live.find(e.id);
+                if (!l) {
                     if (failed.erase(e.id) == 0) ++res.unknown_frees;
                     break;
                 }
-                model.free(it->second.handle, it->second.size);
-                live.erase(it);
+                model.free(l->handle, l->size);
+                live.erase(e.id);
                 break;
             }
             case TraceEvent::Kind::EmptyCache: model.empty_cache(); break;
@@ -312,13 +372,12 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
             std::int32_t label;
             Phase phase;
         };
-        std::unordered_map<std::int64_t, Rec> at_peak;
-        at_peak.reserve(live.size() + 16);
+        IdTable<Rec> at_peak(dense_ids);
         for (std::int64_t i = 0; i <= res.peak_event; ++i) {
             check_budget();
             const TraceEvent& e = ev[static_cast<std::size_t>(i)];
             if (e.kind == TraceEvent::Kind::Alloc && accepted[static_cast<std::size_t>(i)]) {
-                at_peak.emplace(e.id, Rec{e.size, e.label, e.phase});
+                at_peak.insert(e.id, Rec{e.size, e.label, e.phase});
             } else if (e.kind == TraceEvent::Kind::Free) {
                 at_peak.erase(e.id);
             }
@@ -336,7 +395,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         const auto top = static_cast<std::size_t>(std::min<std::int64_t>(opt.top_tensors, static_cast<std::int64_t>(at_peak.size())));
         std::vector<Cand> best;  // a heap whose front is the smallest kept
         best.reserve(top + 1);
-        for (const auto& [id, r] : at_peak) {
+        at_peak.for_each([&](std::int64_t id, const Rec& r) {
             check_budget();
             const Cand c{id, r};
             if (best.size() < top) {
@@ -347,7 +406,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                 best.back() = c;
                 std::push_heap(best.begin(), best.end(), larger);
             }
-        }
+        });
         std::sort(best.begin(), best.end(), larger);
         std::vector<LiveTensor> all;
         all.reserve(best.size());
