@@ -237,5 +237,61 @@ TEST(SimFastPath, ApproximateAnswerNearCapacityWarns) {
     EXPECT_FALSE(warned(50, Bytes(exact.count() + exact.count() / 200)).first);
 }
 
+// A job that does not fit is replayed twice: against the GPU's memory (where
+// and how it fails) and without a limit (what it needs). The peaks shown are
+// what the job needs whatever the GPU: on a generated grid (single GPU and
+// pipelines, gradient accumulation with and without steady-state cuts,
+// allocator settings, training and decode), the answer on a GPU of half the
+// job's total must report the out-of-memory and otherwise the same peaks,
+// per-phase rows and breakdown as on a GPU it fits. (The second replay reuses
+// the first's trace when it has no cuts and is exact, else builds its own.)
+TEST(SimFastPath, OutOfMemoryAnswerShowsWhatTheJobNeeds) {
+    test::Rng rng(1620);
+    int jobs = 0, ooms = 0;
+    for (int k = 0; k < 48; ++k) {
+        EstimateRequest r;
+        r.model = rng.pick(models());
+        r.batch = 1 + rng.below(2);
+        r.seq = rng.pick(std::vector<std::int64_t>{64, 128, 256});
+        r.alloc_conf = rng.pick(confs());
+        if (rng.chance(25)) {
+            r.mode = Mode::Infer;
+            r.gen_len = rng.pick(std::vector<std::int64_t>{0, 16, 100});
+        } else {
+            r.grad_accum = rng.pick(std::vector<std::int64_t>{1, 2, 8, 40});
+            r.recompute = rng.chance(30) ? Recompute::Full : Recompute::None;
+            const std::int64_t pp = rng.pick(std::vector<std::int64_t>{1, 1, 2, 4});
+            r.parallel.gpus = pp;
+            r.parallel.pp = pp;
+        }
+        if (!test::grid_valid(r)) continue;
+        r.gpu_memory = Bytes(std::int64_t{1} << 50);
+        const auto big = simulate_estimate(test::grid_model(r.model), r);
+        ASSERT_TRUE(big.ok()) << request_to_command(r) << ": " << big.error().message;
+        r.gpu_memory = Bytes(big.value().per_gpu.total_device.count() / 2);
+        const auto small = simulate_estimate(test::grid_model(r.model), r);
+        ASSERT_TRUE(small.ok()) << request_to_command(r) << ": " << small.error().message;
+        ++jobs;
+        const EstimateResult &a = big.value(), &b = small.value();
+        ASSERT_TRUE(a.simulation && b.simulation) << request_to_command(r);
+        EXPECT_FALSE(b.per_gpu.fits) << request_to_command(r);
+        ooms += b.simulation->oom ? 1 : 0;
+        EXPECT_EQ(a.per_gpu.peak_allocated, b.per_gpu.peak_allocated) << request_to_command(r);
+        EXPECT_EQ(a.per_gpu.peak_reserved, b.per_gpu.peak_reserved) << request_to_command(r);
+        EXPECT_EQ(a.simulation->events, b.simulation->events) << request_to_command(r);
+        ASSERT_EQ(a.simulation->phases.size(), b.simulation->phases.size()) << request_to_command(r);
+        for (std::size_t i = 0; i < a.simulation->phases.size(); ++i) {
+            EXPECT_EQ(a.simulation->phases[i].peak_allocated, b.simulation->phases[i].peak_allocated) << request_to_command(r) << " phase row " << i;
+            EXPECT_EQ(a.simulation->phases[i].peak_reserved, b.simulation->phases[i].peak_reserved) << request_to_command(r) << " phase row " << i;
+        }
+        ASSERT_EQ(a.breakdown.size(), b.breakdown.size()) << request_to_command(r);
+        for (std::size_t i = 0; i < a.breakdown.size(); ++i)
+            EXPECT_EQ(a.breakdown[i].bytes, b.breakdown[i].bytes) << request_to_command(r) << " " << a.breakdown[i].key;
+    }
+    std::printf("%d jobs on a GPU of half their total, %d of them out of memory in the replay\n", jobs, ooms);
+    EXPECT_GE(jobs, 30);
+    EXPECT_GE(ooms, jobs * 3 / 4) << "half the memory should run most jobs out of memory in the replay";
+}
+
 }  // namespace
 }  // namespace gpumem

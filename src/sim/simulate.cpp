@@ -159,9 +159,13 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                 run.oom_phase = sim::phase_name(run.trace.trace.events[static_cast<std::size_t>(run.rep.oom_event)].phase);
                 ro.capacity = Bytes(INT64_MAX / 4);
                 ro.stop_at_oom = false;
-                built = build();
-                if (!built) return;
-                run.trace = std::move(*built);
+                // A trace without cuts or approximation does not depend on the
+                // replay settings it was built with: replayed again as it is.
+                if (!run.trace.trace.cuts.empty() || run.trace.approximate) {
+                    built = build();
+                    if (!built) return;
+                    run.trace = std::move(*built);
+                }
                 run.rep = sim::replay(run.trace.trace, ro);
             }
             peak_alloc[i] = run.rep.peak_allocated;
