@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 
 #include "gpumem/core/parallel.hpp"
 #include "gpumem/memory/features.hpp"
@@ -250,21 +249,8 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
 
         // Live memory at the allocated peak, by kind (requested bytes).
         std::array<Bytes, kKinds> by_kind{};
-        {
-            std::vector<Kind> label_kind(st.trace.labels.size());
-            for (std::size_t i = 0; i < st.trace.labels.size(); ++i) label_kind[i] = kind_of(st.trace.labels[i]);
-            std::unordered_map<std::int64_t, std::pair<Bytes, Kind>> live;
-            const auto end = std::min<std::int64_t>(rep.peak_event, static_cast<std::int64_t>(st.trace.events.size()) - 1);
-            for (std::int64_t e = 0; e <= end; ++e) {
-                const auto& ev = st.trace.events[static_cast<std::size_t>(e)];
-                if (ev.kind == sim::TraceEvent::Kind::Alloc) {
-                    live[ev.id] = {ev.size, ev.label >= 0 ? label_kind[static_cast<std::size_t>(ev.label)] : kActivations};
-                } else if (ev.kind == sim::TraceEvent::Kind::Free) {
-                    live.erase(ev.id);
-                }
-            }
-            for (const auto& [id, v] : live) by_kind[v.second] += v.first;
-        }
+        for (std::size_t l = 0; l < rep.live_by_label.size(); ++l)
+            by_kind[l < st.trace.labels.size() ? kind_of(st.trace.labels[l]) : kActivations] += rep.live_by_label[l];
 
         PerGpu& pg = r.per_gpu;
         pg.peak_allocated = rep.peak_allocated;

@@ -395,8 +395,11 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         const auto top = static_cast<std::size_t>(std::min<std::int64_t>(opt.top_tensors, static_cast<std::int64_t>(at_peak.size())));
         std::vector<Cand> best;  // a heap whose front is the smallest kept
         best.reserve(top + 1);
+        res.live_by_label.assign(trace.labels.size() + 1, Bytes(0));
         at_peak.for_each([&](std::int64_t id, const Rec& r) {
             check_budget();
+            const std::size_t l = r.label >= 0 && static_cast<std::size_t>(r.label) < trace.labels.size() ? static_cast<std::size_t>(r.label) : trace.labels.size();
+            res.live_by_label[l] += r.size;
             const Cand c{id, r};
             if (best.size() < top) {
                 best.push_back(c);

@@ -117,6 +117,9 @@ struct ReplayResult {
     Bytes graph_pool_reserved;
     Bytes graph_pool_free_at_reserved_peak;
     std::vector<LiveTensor> top_at_peak;   // largest live tensors at the peak
+    // Requested bytes live at the allocated peak by TraceEvent::label (the
+    // last entry: unlabelled tensors); filled with top_at_peak (top_tensors > 0).
+    std::vector<Bytes> live_by_label;
     std::vector<PhasePeak> phases;         // per (step, phase), in trace order
     std::int64_t phases_left_out = 0;      // rows of steady-state cuts not listed (max_cut_phase_rows)
     std::vector<TimelinePoint> timeline;   // events: indices in the full trace
