@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/blocks.hpp"
@@ -167,6 +168,17 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
 
     std::vector<std::vector<RankTensor>> stage_tensors;  // per stage, kept for the most loaded one's offload and load rows below
     stage_tensors.reserve(static_cast<std::size_t>(p));
+    // A model chunk's saved activations depend only on its block instances
+    // and whether its input requires grad: the chunks of the ranks in between
+    // are alike, so each distinct chunk is computed once (pp x vpp calls were
+    // half of a 405B plan's analytic search).
+    std::map<std::pair<std::vector<std::int64_t>, bool>, ActivationResult> chunk_activations;
+    auto chunk_saved = [&](const std::vector<std::int64_t>& inst, bool input_rg) -> const ActivationResult& {
+        auto key = std::make_pair(inst, input_rg);
+        auto it = chunk_activations.find(key);
+        if (it == chunk_activations.end()) it = chunk_activations.emplace(std::move(key), saved_activations(g, ctx, &inst, input_rg)).first;
+        return it->second;
+    };
     for (std::int64_t r = 0; r < p; ++r) {
         StageMemory sm;
         sm.stage = r;
@@ -307,7 +319,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                     any = any || inst[bi] > 0;
                 }
                 if (!any) continue;
-                const ActivationResult a = saved_activations(g, ctx, &inst, v > 0 && !starts_with_embeddings);
+                const ActivationResult& a = chunk_saved(inst, v > 0 && !starts_with_embeddings);
                 Bytes sum, unsaved, nl, quant_held;
                 bool head_chunk = false;
                 for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
