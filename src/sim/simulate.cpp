@@ -118,6 +118,10 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         std::string too_large;
         std::mutex mutex;
         parallel_for(candidates.size(), sopt.threads, [&](std::size_t i) {
+            {
+                const std::lock_guard<std::mutex> lock(mutex);
+                if (!too_large.empty()) return;  // the answer is the analytic one: no more ranks
+            }
             const std::int64_t stage = candidates[i];
             sim::StepTraceOptions so;
             so.parallel = &par;
@@ -132,7 +136,8 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             // it does not, replay again without a limit to report what it needs.
             // (The first replay stops at the OOM: only where and how it failed is
             // used.) The trace's steady-state cuts hold for the replay settings
-            // it was built with, so the second replay gets its own trace.
+            // it was built with, so a trace with cuts is built again for the
+            // second replay.
             sim::ReplayOptions ro = base_ro;
             ro.capacity = capacity;
             ro.stop_at_oom = true;
