@@ -208,9 +208,9 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     TimelinePoint reserved_peak_point;
     bool have_reserved_peak = false;
 
-    // At most 2^20 ids in the vectors (17 MiB): a snapshot of millions of
+    // At most 2^18 ids in the vectors (4.25 MiB): a snapshot of millions of
     // entries keeps the rest in the hash map, within its memory limit.
-    const std::int64_t dense_ids = std::min<std::int64_t>(checked_add(checked_mul(n, std::int64_t{4}), std::int64_t{1024}), std::int64_t{1} << 20);
+    const std::int64_t dense_ids = std::min<std::int64_t>(checked_add(checked_mul(n, std::int64_t{4}), std::int64_t{1024}), std::int64_t{1} << 18);
     IdTable<Live> live(dense_ids);
     std::vector<std::uint8_t> accepted(static_cast<std::size_t>(n), 0);  // Alloc events that allocated
     std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
