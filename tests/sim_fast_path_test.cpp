@@ -189,6 +189,33 @@ TEST(SimFastPath, LongInterleavedPipelines) {
     EXPECT_GE(t.total, 12);
 }
 
+// A 1F1B pipeline whose cache does not settle within the detection window
+// (64 pp + 512 chunk operations): llama-3-8b tp 4 pp 4 cp 4 at 8k tokens. The
+// fast path cuts at 64 micro-batches and says approximate; its peaks must be
+// within kApproximateTolerance of replaying all of them.
+TEST(SimFastPath, LongPipelinesThatDoNotSettle) {
+    Tally t;
+    for (const std::int64_t ga : {256, 512}) {
+        for (const std::string conf : {"", "expandable_segments:True"}) {
+            EstimateRequest r;
+            r.model = "llama-3-8b";
+            r.seq = 8192;
+            r.grad_accum = ga;
+            r.precision = Precision::BF16;
+            r.alloc_conf = conf;
+            r.parallel.gpus = 64;
+            r.parallel.tp = 4;
+            r.parallel.pp = 4;
+            r.parallel.cp = 4;
+            r.parallel.sp = true;
+            check(r, t);
+        }
+    }
+    report("1F1B, unsettled", t);
+    EXPECT_EQ(t.total, 4);
+    EXPECT_GE(t.approximate, 1) << "the job the README names as approximate";
+}
+
 TEST(SimFastPath, DecodeGridEqualsFullReplay) {
     test::Rng rng(1617);
     Tally t;

@@ -309,10 +309,11 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         // Outside the step's allocator peak (analytic rows of the rank simulated):
         // paged optimizer states and the load phase (memory/features.hpp).
         finish_outside_allocator(r, g, par.stages[static_cast<std::size_t>(chosen)], r.parallel ? r.parallel->nccl_outside : Bytes(0));
-        // An approximate simulation (sim/step.hpp: interleaved pipelines past
-        // 64 micro-batches, decode past 64 steps) is checked within 1% of the
-        // full replay (tests/sim_fast_path_test.cpp); a total that close to
-        // the GPU's memory is no sure "fits" or "does not fit".
+        // An approximate simulation (sim/step.hpp StepTrace::approximate:
+        // interleaved pipelines past 64 micro-batches, an unsettled 1F1B
+        // pipeline, decode past 64 steps) is checked within 1% of the full
+        // replay (tests/sim_fast_path_test.cpp); a total that close to the
+        // GPU's memory is no sure "fits" or "does not fit".
         if (s.approximate && r.per_gpu.capacity > Bytes(0)) {
             const double ratio = static_cast<double>(r.per_gpu.total_device.count()) / static_cast<double>(r.per_gpu.capacity.count());
             if (ratio > 0.99 && ratio < 1.01)

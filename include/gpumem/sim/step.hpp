@@ -85,7 +85,8 @@ struct StepTrace {
     std::vector<StepCheckpoints> steps;  // one per training step
     std::vector<std::string> notes;
     // Part of the schedule was cut without an exact steady state (interleaved
-    // pipelines past 64 micro-batches, decode past 64 steps); a note says how.
+    // pipelines past 64 micro-batches, a 1F1B pipeline whose state did not
+    // repeat within the detection window, decode past 64 steps); a note says how.
     bool approximate = false;
 };
 
