@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <deque>
 #include <limits>
 #include <map>
@@ -31,6 +32,7 @@
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "allocator_internal.hpp"
 
@@ -71,6 +73,71 @@ struct SizeCmp {
     bool operator()(const Block* a, const Block* b) const;
 };
 
+// Nodes of one size handed out from a free list: every malloc and free of the
+// model inserts into and erases from a pool's free set, and glibc's
+// allocator behind those tree nodes was a tenth of a replay. Nodes go back to
+// the list, never to the system, until the pool is destroyed (as many as the
+// most free blocks held at once).
+class NodePool {
+public:
+    NodePool() = default;
+    NodePool(const NodePool&) = delete;
+    NodePool& operator=(const NodePool&) = delete;
+    ~NodePool() {
+        for (void* c : chunks_) ::operator delete(c);
+    }
+    void* take(std::size_t bytes) {
+        if (size_ == 0) size_ = std::max(bytes, sizeof(void*));
+        if (bytes > size_) return ::operator new(bytes);
+        if (!free_) grow();
+        void* p = free_;
+        free_ = *static_cast<void**>(p);
+        return p;
+    }
+    void give(void* p, std::size_t bytes) {
+        if (bytes > size_) {
+            ::operator delete(p);
+            return;
+        }
+        *static_cast<void**>(p) = free_;
+        free_ = p;
+    }
+
+private:
+    void grow() {
+        const std::size_t n = chunk_nodes_;
+        chunk_nodes_ = std::min<std::size_t>(chunk_nodes_ * 2, 4096);
+        const std::size_t stride = (size_ + alignof(std::max_align_t) - 1) / alignof(std::max_align_t) * alignof(std::max_align_t);
+        char* c = static_cast<char*>(::operator new(n * stride));
+        chunks_.push_back(c);
+        for (std::size_t i = n; i-- > 0;) give(c + i * stride, size_);
+    }
+    void* free_ = nullptr;
+    std::size_t size_ = 0;
+    std::size_t chunk_nodes_ = 64;
+    std::vector<void*> chunks_;
+};
+
+template <class T>
+struct PoolAlloc {
+    using value_type = T;
+    NodePool* pool;
+    explicit PoolAlloc(NodePool* p) : pool(p) {}
+    template <class U>
+    PoolAlloc(const PoolAlloc<U>& o) : pool(o.pool) {}  // NOLINT: rebinding
+    T* allocate(std::size_t n) {
+        return static_cast<T*>(n == 1 ? pool->take(sizeof(T)) : ::operator new(n * sizeof(T)));
+    }
+    void deallocate(T* p, std::size_t n) {
+        if (n == 1) pool->give(p, sizeof(T));
+        else ::operator delete(p);
+    }
+    template <class U>
+    bool operator==(const PoolAlloc<U>& o) const { return pool == o.pool; }
+};
+
+using FreeSet = std::set<Block*, SizeCmp, PoolAlloc<Block*>>;
+
 struct Block {
     std::int64_t addr = 0;
     std::int64_t size = 0;
@@ -87,7 +154,7 @@ struct Block {
     bool mapped = true;          // false only for unmapped ranges of expandable segments
     bool live = false;           // slot in use
     bool in_free = false;        // in its pool's free set, at free_pos
-    std::set<Block*, SizeCmp>::iterator free_pos{};
+    FreeSet::iterator free_pos{};
 
     [[nodiscard]] bool is_split() const { return prev != nullptr || next != nullptr; }
 };
@@ -111,7 +178,7 @@ struct AddrCmp {
 // over the streams of a snapshot with thousands of them.
 class FreeBlocks {
 public:
-    using Set = std::set<Block*, SizeCmp>;
+    using Set = FreeSet;
     using iterator = Set::iterator;
 
     [[nodiscard]] iterator begin() const { return set_.begin(); }
@@ -160,7 +227,8 @@ public:
 
 private:
     void note(const Block* b, int delta);
-    Set set_;
+    std::unique_ptr<NodePool> nodes_ = std::make_unique<NodePool>();  // before set_: outlives it
+    Set set_{SizeCmp{}, PoolAlloc<Block*>(nodes_.get())};
     std::map<std::int64_t, std::int64_t> eager_sizes_;  // size -> free blocks of that size (eager streams but 0)
 };
 
