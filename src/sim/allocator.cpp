@@ -179,6 +179,11 @@ struct AddrCmp {
 class FreeBlocks {
 public:
     using Set = FreeSet;
+    // The set's nodes live in nodes_: neither copied nor moved (a moved-onto
+    // set would give its old nodes back to a pool already replaced).
+    FreeBlocks() = default;
+    FreeBlocks(const FreeBlocks&) = delete;
+    FreeBlocks& operator=(const FreeBlocks&) = delete;
     using iterator = Set::iterator;
 
     [[nodiscard]] iterator begin() const { return set_.begin(); }
