@@ -278,6 +278,13 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
     });
 }
 
+Result<std::shared_ptr<const Job>> estimate_job(const ModelGraph& g, const EstimateResult* est, const EstimateRequest& req) {
+    if (est && est->job) return est->job;
+    auto job = resolve_job(g, req);
+    if (!job) return job.error();
+    return std::make_shared<const Job>(std::move(job).value());
+}
+
 Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req) {
     auto r = analytic_estimate(g, req);
     if (!r) return r;

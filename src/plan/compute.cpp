@@ -683,13 +683,9 @@ Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const Comput
     auto mem = simulate_estimate(graph, req);
     if (!mem) return mem.error();
     // The estimate's job is resolve_job(g, req): not resolved again.
-    std::optional<Job> own;
-    if (!mem.value().job) {
-        auto job = resolve_job(graph, req);
-        if (!job) return job.error();
-        own = std::move(job).value();
-    }
-    const Job& job = own ? *own : *mem.value().job;
+    const auto resolved = estimate_job(graph, &mem.value(), req);
+    if (!resolved) return resolved.error();
+    const Job& job = *resolved.value();
     ComputeOptions o = opt;
     if (req.params_count && !o.seq && req.seq) o.seq = req.seq;
     auto t = compute_time(graph, job, mem.value(), o);

@@ -402,13 +402,9 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         out.fitting = static_cast<std::int64_t>(lo + 1);
         for (std::size_t i = 0; i <= lo; ++i) {
             // The job of an estimated micro-batch is the estimate's own.
-            std::optional<Job> own;
-            if (!mem[i] || !mem[i]->job) {
-                auto job = resolve_job(g, to_request(base, f, mbs[i], per_dp / mbs[i]));
-                if (!job) continue;
-                own = std::move(job).value();
-            }
-            const Job& job = own ? *own : *mem[i]->job;
+            const auto resolved = estimate_job(g, mem[i] ? &*mem[i] : nullptr, to_request(base, f, mbs[i], per_dp / mbs[i]));
+            if (!resolved) continue;
+            const Job& job = *resolved.value();
             // States (what the time model reads from the estimate) do not depend on the micro-batch.
             auto t = compute_time(g, job, *mem[0], pr.compute);
             if (!t) continue;

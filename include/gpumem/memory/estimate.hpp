@@ -176,6 +176,11 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
 // the last step of estimate() and of the simulator's estimate.
 void finish_estimate(EstimateResult& r);
 
+// The job an estimate was made for (EstimateResult::job), or `req` resolved
+// against the model when there is no estimate or it carries none: what the
+// time model and the planner read, never resolved twice.
+Result<std::shared_ptr<const Job>> estimate_job(const ModelGraph& g, const EstimateResult* est, const EstimateRequest& req);
+
 // Validates the request against the model (batch > 0, seq within limits,
 // LoRA targets present, ...) and computes the estimate.
 Result<EstimateResult> estimate(const ModelGraph& g, const EstimateRequest& req);
