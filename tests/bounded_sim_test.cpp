@@ -7,8 +7,10 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "gpumem/core/budget.hpp"
+#include "gpumem/core/parallel.hpp"
 #include "gpumem/plan/doctor.hpp"
 #include "gpumem/plan/planner.hpp"
 #include "gpumem/plan/sweep.hpp"
@@ -162,6 +164,28 @@ TEST(BoundedSim, PlannerObeysTheCallersBudget) {
     WorkBudget budget(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     EXPECT_THROW((void)plan(pr), BudgetExceeded);
+}
+
+// A memory limit reaches parallel_for's workers too (core/parallel.hpp): a
+// worker that makes the process 64 MiB larger under a 16 MiB limit is stopped
+// with the limit's message, rethrown on the calling thread.
+TEST(BoundedSim, ParallelWorkersObeyTheMemoryLimit) {
+    const WorkBudget memory(WorkBudget::MemoryLimit{std::int64_t(16) << 20, "over the test's limit", "test"});
+    std::vector<std::vector<char>> held(4);
+    const std::thread::id caller = std::this_thread::get_id();
+    try {
+        parallel_for(held.size(), 4, [&](std::size_t i) {
+            if (std::this_thread::get_id() == caller) {  // only the workers grow: the caller leaves them the items
+                std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                return;
+            }
+            held[i].assign(std::size_t(64) << 20, 1);
+            check_memory_now();
+        });
+        ADD_FAILURE() << "no worker was stopped";
+    } catch (const InputError& e) {
+        EXPECT_EQ(e.error().message, "over the test's limit");
+    }
 }
 
 TEST(BoundedSim, LongDecodeIsBounded) {

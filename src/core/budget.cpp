@@ -28,7 +28,12 @@ WorkBudget::WorkBudget(std::chrono::milliseconds limit, const std::atomic<bool>*
 }
 
 WorkBudget::WorkBudget(const Share& s)
-    : deadline_(s.deadline), limit_(s.limit), cancel_(s.cancel), previous_(detail::current_budget) {
+    : deadline_(s.deadline),
+      limit_(s.limit),
+      cancel_(s.cancel),
+      previous_(detail::current_budget),
+      memory_base_(s.memory_base),
+      memory_(s.memory) {
     detail::current_budget = this;
 }
 
@@ -75,7 +80,7 @@ std::int64_t resident_bytes() {
 std::optional<WorkBudget::Share> WorkBudget::current_share() {
     const WorkBudget* b = detail::current_budget;
     if (b == nullptr) return std::nullopt;
-    return Share{b->deadline_, b->limit_, b->cancel_};
+    return Share{b->deadline_, b->limit_, b->cancel_, b->memory_base_, b->memory_};
 }
 
 WorkBudget::~WorkBudget() { detail::current_budget = previous_; }

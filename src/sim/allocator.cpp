@@ -232,8 +232,8 @@ public:
 
 private:
     void note(const Block* b, int delta);
-    std::unique_ptr<NodePool> nodes_ = std::make_unique<NodePool>();  // before set_: outlives it
-    Set set_{SizeCmp{}, PoolAlloc<Block*>(nodes_.get())};
+    NodePool nodes_;  // before set_: outlives it
+    Set set_{SizeCmp{}, PoolAlloc<Block*>(&nodes_)};
     std::map<std::int64_t, std::int64_t> eager_sizes_;  // size -> free blocks of that size (eager streams but 0)
 };
 

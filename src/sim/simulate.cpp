@@ -69,11 +69,10 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
     if (!analytic) return analytic;
     auto conf = sim::AllocatorConfig::parse(req.alloc_conf);
     if (!conf) return conf.error();
-    auto job = resolve_job(g, req);
-    if (!job) return job.error();
     return capture([&]() -> EstimateResult {
         EstimateResult r = std::move(analytic).value();
-        const Job& j = job.value();
+        const std::shared_ptr<const Job> job = r.job;  // the analytic estimate's: not resolved again
+        const Job& j = *job;
         const bool pytorch = req.allocator == AllocatorKind::PyTorch;
         // Every pipeline rank is its own program: simulate each rank whose
         // analytic peak comes within 15% of the largest (the analytic and
@@ -106,11 +105,12 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             std::optional<sim::OomInfo> oom;
             std::int64_t oom_event = -1;
             std::string oom_phase;
-            Bytes reserved;  // the reserved peak (the allocated one without an allocator model)
         };
-        auto better = [](const RankRun& a, const RankRun& b) {  // a is kept over b
+        // The reserved peak (the allocated one without an allocator model).
+        auto reserved = [&](const sim::ReplayResult& x) { return pytorch ? x.peak_reserved : x.peak_allocated; };
+        auto better = [&](const RankRun& a, const RankRun& b) {  // a is kept over b
             if (static_cast<bool>(a.oom) != static_cast<bool>(b.oom)) return static_cast<bool>(a.oom);
-            if (a.reserved != b.reserved) return a.reserved > b.reserved;
+            if (reserved(a.rep) != reserved(b.rep)) return reserved(a.rep) > reserved(b.rep);
             return a.index < b.index;
         };
         std::vector<Bytes> peak_alloc(candidates.size()), peak_res(candidates.size());
@@ -173,20 +173,19 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                 run.rep = sim::replay(run.trace.trace, ro);
             }
             peak_alloc[i] = run.rep.peak_allocated;
-            peak_res[i] = run.reserved = pytorch ? run.rep.peak_reserved : run.rep.peak_allocated;
+            peak_res[i] = reserved(run.rep);
             const std::lock_guard<std::mutex> lock(mutex);
             if (!best || better(run, *best)) best = std::move(run);
         });
         // Too long to simulate within bounded time and memory: the analytic
-        // estimate, exactly what --analytic prints (finished: error band,
-        // calibration), said so.
+        // estimate (r, untouched so far), exactly what --analytic prints
+        // (finished: error band, calibration), said so.
         if (!too_large.empty() || !best) {
-            EstimateResult a = analytic_estimate(g, req).value();
-            a.warnings.push_back("step simulation skipped: " + too_large +
+            r.warnings.push_back("step simulation skipped: " + too_large +
                                  " (the model's layers times the simulated micro-batches); the analytic estimate is shown (--analytic)");
-            a.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
-            finish_estimate(a);
-            return a;
+            r.assumptions.push_back("analytic estimate: the step simulation would exceed its event limit");
+            finish_estimate(r);
+            return r;
         }
         for (std::size_t i = 0; i < candidates.size(); ++i) {
             StageMemory& sm = par.stages[static_cast<std::size_t>(candidates[i])];
@@ -297,7 +296,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                                        : "none (--allocator none)"});
         if (r.parallel)
             r.breakdown.push_back({"nccl", "NCCL buffers (outside PyTorch)", r.parallel->nccl_outside,
-                                   format_bytes(job.value().layout.cfg.nccl_per_communicator) + " per communicator"});
+                                   format_bytes(j.layout.cfg.nccl_per_communicator) + " per communicator"});
         r.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", r.per_gpu.cuda_context,
                                req.cuda_context ? "--cuda-context"
                                                 : "default for " + r.gpu().name + (req.cuda_lazy_loading ? " with lazy module loading" : " with eager module loading")});

@@ -63,6 +63,8 @@ public:
         Clock::time_point deadline;
         std::chrono::milliseconds limit;
         const std::atomic<bool>* cancel = nullptr;
+        std::int64_t memory_base = 0;  // the memory limit: the process's growth from the same base
+        MemoryLimit memory;
     };
     // The calling thread's budget, if one is installed.
     static std::optional<Share> current_share();
