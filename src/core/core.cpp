@@ -12,22 +12,32 @@
 
 namespace gpumem {
 
+// printf("%.2f <unit>") of n / 1024^k, without printf: the double n / 2^(10k)
+// is exact (a power-of-two quotient of the double n), so its decimal rounding
+// to two places, half to even as glibc's printf rounds an exact tie, is done
+// on integers (tests/core_test.cpp compares it with snprintf).
 std::string format_bytes(Bytes b) {
     const std::int64_t n = b.count();
     const double a = std::fabs(static_cast<double>(n));
-    char buf[64];
-    if (a < 1024.0) {
-        std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(n));
-    } else if (a < 1024.0 * 1024.0) {
-        std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(n) / 1024.0);
-    } else if (a < 1024.0 * 1024.0 * 1024.0) {
-        std::snprintf(buf, sizeof buf, "%.2f MiB", b.mib());
-    } else if (a < 1024.0 * 1024.0 * 1024.0 * 1024.0) {
-        std::snprintf(buf, sizeof buf, "%.2f GiB", b.gib());
-    } else {
-        std::snprintf(buf, sizeof buf, "%.2f TiB", b.gib() / 1024.0);
-    }
-    return buf;
+    if (a < 1024.0) return std::to_string(n) + " B";
+    static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+    const int k = a < 1024.0 * 1024.0 ? 1 : a < 1024.0 * 1024.0 * 1024.0 ? 2 : a < 1024.0 * 1024.0 * 1024.0 * 1024.0 ? 3 : 4;
+    __extension__ typedef unsigned __int128 u128;
+    const unsigned shift = 10u * static_cast<unsigned>(k);
+    const u128 x = static_cast<u128>(a) * 100u;  // a <= 2^63: an integer, exact
+    u128 q = x >> shift;
+    const u128 r = x & ((u128(1) << shift) - 1), half = u128(1) << (shift - 1);
+    if (r > half || (r == half && (q & 1u) != 0)) ++q;
+    const auto whole = static_cast<unsigned long long>(q / 100u);
+    const auto cents = static_cast<unsigned>(q % 100u);
+    std::string out = n < 0 ? "-" : "";
+    out += std::to_string(whole);
+    out += '.';
+    out += static_cast<char>('0' + cents / 10);
+    out += static_cast<char>('0' + cents % 10);
+    out += ' ';
+    out += kUnits[k - 1];
+    return out;
 }
 
 const char* to_string(ErrorCode c) {

@@ -598,8 +598,30 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
 
 }  // namespace
 
+struct ActivationMemo::Impl {
+    const ActivationContext* ctx = nullptr;
+    struct Entry {
+        const Block* block;
+        bool input_rg;
+        InstanceResult result;
+    };
+    std::vector<Entry> entries;
+};
+ActivationMemo::ActivationMemo() : impl(std::make_unique<Impl>()) {}
+ActivationMemo::~ActivationMemo() = default;
+
 ActivationResult saved_activations(const ModelGraph& g, const ActivationContext& ctx, const std::vector<std::int64_t>* instances,
-                                   bool input_requires_grad) {
+                                   bool input_requires_grad, ActivationMemo* memo_in) {
+    ActivationMemo::Impl* memo = memo_in ? memo_in->impl.get() : nullptr;
+    if (memo && !memo->ctx) memo->ctx = &ctx;
+    if (memo && memo->ctx != &ctx) memo = nullptr;
+    auto instance = [&](const Block& blk, bool rg_in) -> InstanceResult {
+        if (!memo) return run_instance(blk, ctx, rg_in);
+        for (const auto& e : memo->entries)
+            if (e.block == &blk && e.input_rg == rg_in) return e.result;
+        memo->entries.push_back({&blk, rg_in, run_instance(blk, ctx, rg_in)});
+        return memo->entries.back().result;
+    };
     ActivationResult res;
     std::vector<std::string> shared_seen;
     bool rg = input_requires_grad;
@@ -623,9 +645,9 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             res.blocks.push_back(std::move(ba));
             continue;
         }
-        InstanceResult first = run_instance(blk, ctx, rg);
+        InstanceResult first = instance(blk, rg);
         InstanceResult rest = first;
-        if (repeat > 1 && first.output_rg != rg) rest = run_instance(blk, ctx, first.output_rg);
+        if (repeat > 1 && first.output_rg != rg) rest = instance(blk, first.output_rg);
         const std::int64_t more = repeat - 1;
 
         const bool ckpt = (ctx.recompute == Recompute::Full || ctx.recompute == Recompute::Ops) && blk.checkpointable;

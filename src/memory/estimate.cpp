@@ -72,16 +72,16 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         out.family = g.family;
         out.params = summarize_params(job_graph(g, job));
         const bool train = job.train;
-        ActivationResult act;
-        if (g.params_only == 0) act = saved_activations(job_graph(g, job), job.actx);
-        out.activation_detail = act;
+        ActivationMemo memo;  // the block walks, shared with the pipeline chunks below
+        if (g.params_only == 0) out.activation_detail = saved_activations(job_graph(g, job), job.actx, nullptr, false, &memo);
+        const ActivationResult& act = out.activation_detail;
 
         const std::int64_t cublas_handles = train ? 2 : 1;  // main thread + autograd's backward thread
         const Bytes cublas = job.gpu.cublas_workspace * cublas_handles;
 
         // Every job is a layout: one GPU is one stage of one rank. The rank with
         // the largest peak is the answer.
-        ParallelResult par = parallel_memory(g, job, g.params_only == 0 ? &act : nullptr);
+        ParallelResult par = parallel_memory(g, job, g.params_only == 0 ? &act : nullptr, &memo);
         const StageMemory& m = par.stages[static_cast<std::size_t>(par.most_loaded)];
         const bool dist = !job.layout.cfg.trivial();
 
@@ -253,7 +253,7 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         for (const auto& r : out.breakdown) sum += r.bytes;
         if (sum != pg.total_device) out.breakdown.push_back({"unattributed", "unattributed", pg.total_device - sum, "rounding of the peak phase"});
         // Outside the step's allocator peak: paged optimizer states, the load phase.
-        finish_outside_allocator(out, g, m, par.nccl_outside);
+        finish_outside_allocator(out, g, m, par.nccl_outside, &par);
 
         if (dist) out.assumptions.insert(out.assumptions.end(), par.notes.begin(), par.notes.end());
         out.assumptions.push_back(std::string("precision ") + to_string(job.prec) + ": weights " + std::string(dtype_name(job.wdt)) +

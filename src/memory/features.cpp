@@ -118,6 +118,13 @@ bool fsdp1_flat_grads(const Job& job) {
 
 LoadPhase load_phase(const ModelGraph& g_in, const Job& job, std::int64_t rank) {
     const ModelGraph& g = job_graph(g_in, job);
+    const auto stages = g.params_only > 0 ? std::vector<std::vector<std::int32_t>>{} : assign_virtual_stages(g, job.layout);
+    return load_phase(g_in, job, rank, stages, rank_tensors(g, job, stages, rank));
+}
+
+LoadPhase load_phase(const ModelGraph& g_in, const Job& job, std::int64_t rank, const std::vector<std::vector<std::int32_t>>& stages,
+                     const std::vector<RankTensor>& tensors) {
+    const ModelGraph& g = job_graph(g_in, job);
     LoadPhase lp;
     const ParallelConfig& c = job.layout.cfg;
     const std::int64_t tp = std::max<std::int64_t>(1, c.tp);
@@ -126,8 +133,6 @@ LoadPhase load_phase(const ModelGraph& g_in, const Job& job, std::int64_t rank) 
     // parameter dtype: no checkpoint conversion on the GPU.
     const bool in_place = c.tp > 1 || c.pp > 1 || c.distributed_optimizer;
     const bool fp32 = job.req.load_dtype == LoadDtype::FP32 && job.wdt != DType::F32 && !in_place;
-    const auto stages = g.params_only > 0 ? std::vector<std::vector<std::int32_t>>{} : assign_virtual_stages(g, job.layout);
-    const std::vector<RankTensor> tensors = rank_tensors(g, job, stages, rank);
     Bytes largest_cast;
     std::vector<Bytes> layer(g.blocks.size());  // one instance's unsharded parameters, load dtype
     for (const auto& rt : tensors) {
@@ -186,7 +191,7 @@ LoadPhase load_phase(const ModelGraph& g_in, const Job& job, std::int64_t rank) 
     return lp;
 }
 
-void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const StageMemory& m, Bytes nccl) {
+void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const StageMemory& m, Bytes nccl, const ParallelResult* par) {
     PerGpu& pg = r.per_gpu;
     const Job& job = *r.job;
     // The step simulation finishes an analytic estimate: its lines go once.
@@ -203,7 +208,9 @@ void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const Stag
                                 "the verdict is conservative");
     }
     // The load phase: its peak against the step's.
-    const LoadPhase lp = load_phase(g, job, m.stage);
+    const auto st = static_cast<std::size_t>(m.stage);
+    const LoadPhase lp = par && st < par->stage_tensors.size() ? load_phase(g, job, m.stage, par->instance_stage, par->stage_tensors[st])
+                                                               : load_phase(g, job, m.stage);
     pg.load_peak = lp.allocated;
     const Bytes load_total = lp.allocated + pg.cuda_context + nccl;
     if (load_total > pg.total_device) {

@@ -107,7 +107,15 @@ Bytes paged_state_bytes(Optimizer o, const TrainTensor& t) {
 // quantized (quantized_weight); lm_head stays in the compute dtype (bnb's
 // default skip list) unless quantize_head.
 Bytes quantized_bytes(Quant q, const Param& p, DType fallback, bool double_quant, bool quantize_head) {
-    if (!quantized_weight(p, q, quantize_head)) return dtype_bytes(fallback, p.numel());
+    return quantized_bytes(q, p, p.count, fallback, double_quant, quantize_head);
+}
+
+Bytes quantized_bytes(Quant q, const Param& p, std::int64_t count, DType fallback, bool double_quant, bool quantize_head) {
+    if (!quantized_weight(p, q, quantize_head)) {
+        std::int64_t n = count;
+        for (auto d : p.shape) n = checked_mul(n, d);
+        return dtype_bytes(fallback, n);
+    }
     const std::int64_t per = checked_mul(p.shape[0], p.shape[1]);
     std::int64_t b = 0;
     switch (q) {
@@ -134,7 +142,7 @@ Bytes quantized_bytes(Quant q, const Param& p, DType fallback, bool double_quant
         }
         case Quant::None: break;
     }
-    return Bytes(checked_mul(b, p.count));
+    return Bytes(checked_mul(b, count));
 }
 
 Result<Job> resolve_job(const ModelGraph& g_in, const EstimateRequest& req_in) {

@@ -69,7 +69,7 @@ InferencePieces inference_pieces(const ModelGraph& g, const Job& job) {
 
 ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job) { return parallel_memory(g_in, job, nullptr); }
 
-ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const ActivationResult* whole_in) {
+ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const ActivationResult* whole_in, ActivationMemo* memo_in) {
     const ModelGraph& g = job_graph(g_in, job);
     const Layout& lay = job.layout;
     const ParallelConfig& c = lay.cfg;
@@ -86,8 +86,10 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     const TransformerDims* td = g.transformer ? &*g.transformer : nullptr;
     const ActivationContext& ctx = job.actx;
     const std::int64_t s_local = ctx.seq;
+    ActivationMemo memo_own;
+    ActivationMemo* memo = memo_in ? memo_in : &memo_own;
     ActivationResult whole_own;
-    if (job.train && graph && !whole_in) whole_own = saved_activations(g, ctx);
+    if (job.train && graph && !whole_in) whole_own = saved_activations(g, ctx, nullptr, false, memo);
     const ActivationResult& whole = job.train && graph && whole_in ? *whole_in : whole_own;
     const bool zero3 = c.zero == 3 || c.fsdp != Fsdp::None;          // parameters sharded at rest, gathered per layer
     const bool shard_grads = lay.dp > 1 && (c.zero >= 2 || c.fsdp != Fsdp::None);
@@ -166,17 +168,21 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     }
     const Bytes held_logits = job.framework.logits == LogitsLifetime::Kept ? logits_low : Bytes(0);
 
-    std::vector<std::vector<RankTensor>> stage_tensors;  // per stage, kept for the most loaded one's offload and load rows below
+    std::vector<std::vector<RankTensor>>& stage_tensors = res.stage_tensors;  // per stage, for the offload rows below and the load phase
     stage_tensors.reserve(static_cast<std::size_t>(p));
     // A model chunk's saved activations depend only on its block instances
     // and whether its input requires grad: the chunks of the ranks in between
     // are alike, so each distinct chunk is computed once (pp x vpp calls were
     // half of a 405B plan's analytic search).
     std::map<std::pair<std::vector<std::int64_t>, bool>, ActivationResult> chunk_activations;
+    // A chunk that is the whole model (one stage, no interleaving) is `whole` itself.
     auto chunk_saved = [&](const std::vector<std::int64_t>& inst, bool input_rg) -> const ActivationResult& {
+        bool all = !input_rg && inst.size() == g.blocks.size();
+        for (std::size_t bi = 0; all && bi < inst.size(); ++bi) all = inst[bi] == g.blocks[bi].repeat;
+        if (all) return whole;
         auto key = std::make_pair(inst, input_rg);
         auto it = chunk_activations.find(key);
-        if (it == chunk_activations.end()) it = chunk_activations.emplace(std::move(key), saved_activations(g, ctx, &inst, input_rg)).first;
+        if (it == chunk_activations.end()) it = chunk_activations.emplace(std::move(key), saved_activations(g, ctx, &inst, input_rg, memo)).first;
         return it->second;
     };
     for (std::int64_t r = 0; r < p; ++r) {

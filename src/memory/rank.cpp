@@ -67,6 +67,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
         out.push_back(t);
         return out;
     }
+    out.reserve(g.blocks.size() * 16);
     auto instances = [&](std::size_t bi) {
         std::int64_t n = 0;
         if (bi < instance_stage.size())
@@ -93,13 +94,12 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
             t.block = static_cast<std::int32_t>(bi);
             t.param = static_cast<std::int32_t>(pi);
             t.shape = rank_param_shape(prm, tp);
-            t.elems = rank_param_elems(prm, tp);
+            t.elems = 1;
+            for (auto d : t.shape) t.elems = checked_mul(t.elems, d);
             t.copies = checked_mul(expert ? ceil_div(prm.count, c.ep) : prm.count, n);
             t.shard = expert ? lay.expert_shard : lay.shard;
             t.trainable = job.train && !job.lora && prm.trainable;
-            Param one = prm;
-            one.count = 1;
-            Bytes w = quantized_bytes(job, one);
+            Bytes w = quantized_tensor_bytes(job, prm);
             if (split) w = w.ceil_div(tp);
             if (flat_grads && !t.trainable) t.flat_grad = w;
             if (params_sharded) w = w.ceil_div(t.shard);

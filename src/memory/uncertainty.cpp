@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 
 #include "gpumem/memory/calibration.hpp"
 #include "gpumem/memory/estimate.hpp"
@@ -43,7 +44,36 @@ const ErrorBand& band_for_paths(const std::vector<std::string>& paths) {
     return t.front();  // "all" sorts first and is always written
 }
 
-const ErrorBand& band_for(const Job& job) { return band_for_paths(band_paths(job)); }
+const ErrorBand& band_for(const Job& job) {
+    // band_paths(job)'s order, without building the list (one per estimate).
+    const auto& t = error_bands();
+    auto find = [&](std::string_view p) -> const ErrorBand* {
+        for (const auto& b : t)
+            if (p == b.path) return &b;
+        return nullptr;
+    };
+    if (job.train) {
+        const ParallelConfig& c = job.layout.cfg;
+        const std::string_view kind = c.zero > 0                           ? "zero"
+                                      : c.fsdp != Fsdp::None               ? "fsdp"
+                                      : c.tp > 1 || c.pp > 1 || c.cp > 1   ? "tp-pp"
+                                      : c.gpus > 1                         ? "dp"
+                                                                           : "single";
+        std::string path = "train/";
+        path += kind;
+        const std::size_t kind_end = path.size();
+        path += '/';
+        path += to_string(job.framework.framework);
+        if (const auto* b = find(path)) return *b;
+        if (const auto* b = find(std::string_view(path).substr(0, kind_end))) return *b;
+        if (kind != "single")
+            if (const auto* b = find("train/distributed")) return *b;
+        if (const auto* b = find("train")) return *b;
+    } else if (const auto* b = find("infer")) {
+        return *b;
+    }
+    return band_for_paths({"all"});
+}
 
 
 namespace {
@@ -102,6 +132,18 @@ void set_serving_uncertainty(ServingResult& r) {
     u.weights_high = scaled(r.per_gpu.weights, w.ratio_high);
 }
 
+// The basis line of an uncalibrated band, made once per band.
+static const std::string& band_basis(const ErrorBand& b) {
+    static const std::vector<std::string> lines = [] {
+        std::vector<std::string> v;
+        for (const auto& e : error_bands())
+            v.push_back("measured/predicted " + pct(e.ratio_low) + "-" + pct(e.ratio_high) + " over " + std::to_string(e.rows) +
+                        " public measurements of path " + e.path + " (5% trimmed at each end; scripts/error_bands.py)");
+        return v;
+    }();
+    return lines[static_cast<std::size_t>(&b - error_bands().data())];
+}
+
 void set_uncertainty(EstimateResult& r) {
     Uncertainty& u = r.uncertainty;
     const PerGpu& pg = r.per_gpu;
@@ -113,8 +155,7 @@ void set_uncertainty(EstimateResult& r) {
         u.ratio_low = b.ratio_low;
         u.ratio_high = b.ratio_high;
         u.calibrated = false;
-        u.basis = "measured/predicted " + pct(b.ratio_low) + "-" + pct(b.ratio_high) + " over " + std::to_string(b.rows) +
-                  " public measurements of path " + b.path + " (5% trimmed at each end; scripts/error_bands.py)";
+        u.basis = band_basis(b);
         u.allocated = ratio_range(pg.peak_allocated, b.ratio_low, b.ratio_high);
         u.reserved = ratio_range(pg.peak_reserved, b.ratio_low, b.ratio_high);
         u.total = ratio_range(pg.total_device, b.ratio_low, b.ratio_high);

@@ -79,7 +79,9 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         // simulated views agree within 5% on every rank, tests/invariants_test.cpp,
         // so no other rank can hold more) and report the one that holds most.
         ParallelResult local;
-        if (!r.parallel) local = parallel_memory(g, j);
+        // One GPU: the analytic estimate kept no layout, but its whole-model
+        // activations are the chunk's (memory/parallel.hpp `whole`).
+        if (!r.parallel) local = parallel_memory(g, j, g.params_only == 0 ? &r.activation_detail : nullptr);
         ParallelResult& par = r.parallel ? *r.parallel : local;
         Bytes analytic_max;
         for (const auto& st : par.stages) analytic_max = max(analytic_max, st.allocated);
@@ -307,7 +309,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             r.warnings.push_back(s.oom_detail + " (fragmentation: the total fits but no free block is large enough)");
         // Outside the step's allocator peak (analytic rows of the rank simulated):
         // paged optimizer states and the load phase (memory/features.hpp).
-        finish_outside_allocator(r, g, par.stages[static_cast<std::size_t>(chosen)], r.parallel ? r.parallel->nccl_outside : Bytes(0));
+        finish_outside_allocator(r, g, par.stages[static_cast<std::size_t>(chosen)], r.parallel ? r.parallel->nccl_outside : Bytes(0), &par);
         // An approximate simulation (sim/step.hpp StepTrace::approximate:
         // interleaved pipelines past 64 micro-batches, an unsettled 1F1B
         // pipeline, decode past 64 steps) is checked within 1% of the full

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -224,8 +225,23 @@ AdapterInput adapter_input(const Block& b, const Op& op, TensorId x, DType x_dty
 // pipeline stage's share; 0 skips a block); `input_requires_grad`: the first
 // counted block's input needs a gradient (activations received from the
 // previous pipeline stage).
+// `memo` (optional): what one block instance saves depends only on the block,
+// the context and whether its input requires grad; a memo keeps those results
+// across calls that share one context object (the whole model and each
+// pipeline chunk of one estimate), so each block is walked once per input
+// state. A memo is bound to the first context it sees; given another, it is
+// not used.
+class ActivationMemo {
+public:
+    ActivationMemo();
+    ~ActivationMemo();
+    ActivationMemo(const ActivationMemo&) = delete;
+    ActivationMemo& operator=(const ActivationMemo&) = delete;
+    struct Impl;
+    std::unique_ptr<Impl> impl;
+};
 ActivationResult saved_activations(const ModelGraph& g, const ActivationContext& ctx, const std::vector<std::int64_t>* instances = nullptr,
-                                   bool input_requires_grad = false);
+                                   bool input_requires_grad = false, ActivationMemo* memo = nullptr);
 
 // Op-level selective checkpointing (torchtitan's per-op SAC policy,
 // torchtitan/distributed/activation_checkpoint.py@b5bcd76c66d0 L185-287):

@@ -66,11 +66,17 @@ struct LoadPhase {
     std::string detail;
 };
 LoadPhase load_phase(const ModelGraph& g, const Job& job, std::int64_t rank);
+// The same from the rank's stages and tensors already made (ParallelResult's
+// instance_stage and stage_tensors[rank]).
+LoadPhase load_phase(const ModelGraph& g, const Job& job, std::int64_t rank, const std::vector<std::vector<std::int32_t>>& stages,
+                     const std::vector<RankTensor>& tensors);
 
 // Adds what lies outside the step's allocator peak to an estimate (analytic
 // or simulated): the paged optimizer states of rank `m` (their own row, in
 // total_device) and the load phase (per_gpu.load_peak; the headline is the
 // larger of load and step). `nccl` is the rank's NCCL memory.
-void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const StageMemory& m, Bytes nccl);
+// `par` (optional): the layout's ParallelResult whose rank tensors the load
+// phase reuses.
+void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const StageMemory& m, Bytes nccl, const ParallelResult* par = nullptr);
 
 }  // namespace gpumem

@@ -57,6 +57,8 @@ Bytes paged_state_bytes(Optimizer o, const TrainTensor& t);
 // GPTQ-style int4). Only nn.Linear weights are quantized; lm_head stays in the
 // compute dtype (bnb's default skip list) unless quantize_head.
 Bytes quantized_bytes(Quant q, const Param& p, DType fallback, bool double_quant, bool quantize_head);
+// The same for `count` tensors of p's shape instead of p.count (1: one tensor).
+Bytes quantized_bytes(Quant q, const Param& p, std::int64_t count, DType fallback, bool double_quant, bool quantize_head);
 
 struct Job {
     EstimateRequest req;  // defaults filled in
@@ -100,6 +102,10 @@ Result<Job> resolve_job(const ModelGraph& g, const EstimateRequest& req);
 // quantized_bytes() under a resolved job's quantization settings.
 inline Bytes quantized_bytes(const Job& job, const Param& p) {
     return quantized_bytes(job.quant, p, job.wdt, job.req.double_quant, job.req.quantize_head);
+}
+// One tensor of p (p.count taken as 1).
+inline Bytes quantized_tensor_bytes(const Job& job, const Param& p) {
+    return quantized_bytes(job.quant, p, 1, job.wdt, job.req.double_quant, job.req.quantize_head);
 }
 
 // The graph a job runs: its framework's rewrite of `g`, or `g` itself.

@@ -216,6 +216,9 @@ struct ParallelResult {
     // For the step simulation of one rank: the virtual pipeline stage of every
     // block instance (per block, per repeat).
     std::vector<std::vector<std::int32_t>> instance_stage;
+    // Each pipeline rank's parameter tensors (rank_tensors), by stage: the
+    // load phase of the rank reported reads them instead of building them again.
+    std::vector<std::vector<RankTensor>> stage_tensors;
     std::vector<std::string> notes;
 };
 
@@ -269,7 +272,9 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job);
 struct ActivationResult;  // memory/activations.hpp
 // The same, given what the caller already computed for the job:
 // `whole` = saved_activations(job_graph(g, job), job.actx) (analytic_estimate
-// has it), so that it is not computed twice; null computes it.
-ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const ActivationResult* whole);
+// has it), so that it is not computed twice; null computes it. `memo`
+// (optional): the block walks already made for job.actx (ActivationMemo).
+class ActivationMemo;
+ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const ActivationResult* whole, ActivationMemo* memo = nullptr);
 
 }  // namespace gpumem
