@@ -111,7 +111,7 @@ void add_fields(Sub& s, const std::vector<std::string>& args) {
         if (!every && f != positional && std::none_of(args.begin(), args.end(), [&](const std::string& a) { return names_field(a, *f); }))
             continue;
         const std::string help = field_help(*f);
-        std::string group = f->group;
+        std::string group(f->group);
         for (const auto& [k, title] : field_groups())
             if (k == f->group) group = title;
         if (f == positional) {

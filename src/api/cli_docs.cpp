@@ -132,7 +132,7 @@ std::string zsh() {
                 s += " '1:" + f->name + ":" + (f->type == FieldType::Path ? "_files" : " ") + "'";
                 continue;
             }
-            const std::string h = quote_help(f->help);
+            const std::string h = quote_help(std::string(f->help));
             if (f->type == FieldType::Bool) {
                 s += " '" + f->flag() + "[" + h + "]' '--no-" + f->name + "'";
             } else if (f->type == FieldType::Enum) {
@@ -171,7 +171,7 @@ std::string fish() {
             if (f->type == FieldType::Enum) s += " -x -a '" + join(f->values) + "'";
             else if (f->type == FieldType::Path) s += " -r -F";
             else if (f->type != FieldType::Bool) s += " -x";
-            s += " -d '" + quote_help(f->help) + "'\n";
+            s += " -d '" + quote_help(std::string(f->help)) + "'\n";
             if (f->type == FieldType::Bool) s += "complete -c gpumem -n '" + cond + "' -l no-" + f->name + "\n";
         }
         if (ci.command == Command::Snapshot || ci.command == Command::CompatMegatron) s += "complete -c gpumem -n '" + cond + "' -F\n";
@@ -230,11 +230,11 @@ std::string man_page() {
 
 // One field's help line: text, values, unit and default.
 std::string field_help(const Field& f) {
-    std::string h = f.help;
+    std::string h(f.help);
     if (!f.values.empty() && f.type != FieldType::Bool) h += " [" + join(f.values, "|") + "]";
-    if (!f.unit.empty() && f.type != FieldType::Size) h += " (" + f.unit + ")";
+    if (!f.unit.empty() && f.type != FieldType::Size) h += " (" + std::string(f.unit) + ")";
     if (f.type == FieldType::Size) h += " (a size with a unit: GiB, GB, MiB, ...)";
-    if (!f.default_text.empty()) h += "; default: " + f.default_text;
+    if (!f.default_text.empty()) h += "; default: " + std::string(f.default_text);
     else if (!f.default_value.is_null() && f.type != FieldType::Bool && !(f.default_value.is_string() && f.default_value.get<std::string>().empty()))
         h += "; default: " + (f.default_value.is_string() ? f.default_value.get<std::string>() : f.default_value.dump());
     else if (f.type == FieldType::Bool && f.default_value == true) h += " (default on; --no-" + f.name + " turns it off)";

@@ -403,7 +403,7 @@ std::string range_text(const Field& f) {
     if (f.min && f.max) t = "from " + bound_text(f, *f.min) + " to " + bound_text(f, *f.max);
     else if (f.min) t = "of at least " + bound_text(f, *f.min);
     else if (f.max) t = "of at most " + bound_text(f, *f.max);
-    if (!f.limit.empty()) t += " (limit " + f.limit + ")";
+    if (!f.limit.empty()) t += " (limit " + std::string(f.limit) + ")";
     return t;
 }
 
@@ -738,7 +738,7 @@ Result<Request> parse_request(Command c, const json& body) {
                      " (limit: each point is one estimate; real sweeps have tens)");
         for (const Field* f : fields_of(c))
             if (f->required && f->get(r) == f->default_value && !(c == Command::Snapshot && !r.other.data.empty()))
-                fail(ErrorCode::InvalidArgument, f->name, f->flag() + " is required: " + f->help);
+                fail(ErrorCode::InvalidArgument, f->name, f->flag() + " is required: " + std::string(f->help));
         return r;
     });
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <string_view>
 
 #include "gpumem/memory/calibration.hpp"
@@ -132,16 +133,17 @@ void set_serving_uncertainty(ServingResult& r) {
     u.weights_high = scaled(r.per_gpu.weights, w.ratio_high);
 }
 
-// The basis line of an uncalibrated band, made once per band.
-static const std::string& band_basis(const ErrorBand& b) {
-    static const std::vector<std::string> lines = [] {
-        std::vector<std::string> v;
-        for (const auto& e : error_bands())
-            v.push_back("measured/predicted " + pct(e.ratio_low) + "-" + pct(e.ratio_high) + " over " + std::to_string(e.rows) +
-                        " public measurements of path " + e.path + " (5% trimmed at each end; scripts/error_bands.py)");
-        return v;
-    }();
-    return lines[static_cast<std::size_t>(&b - error_bands().data())];
+// The basis line of an uncalibrated band, made the first time the band is
+// used (a one-shot CLI call uses one band).
+static std::string band_basis(const ErrorBand& b) {
+    static std::mutex mutex;
+    static std::vector<std::string> lines(error_bands().size());
+    const auto i = static_cast<std::size_t>(&b - error_bands().data());
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (lines[i].empty())
+        lines[i] = "measured/predicted " + pct(b.ratio_low) + "-" + pct(b.ratio_high) + " over " + std::to_string(b.rows) +
+                   " public measurements of path " + b.path + " (5% trimmed at each end; scripts/error_bands.py)";
+    return lines[i];
 }
 
 void set_uncertainty(EstimateResult& r) {

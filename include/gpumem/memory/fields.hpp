@@ -57,20 +57,22 @@ constexpr std::uint8_t kAllModes = 0x0f;
 struct Field {
     std::string name;          // "grad-accum"
     FieldType type = FieldType::String;
-    std::string group;         // "job", "precision", "savers", "layout", "gpu", "time", ...
-    std::string help;
-    std::string unit;          // "bytes", "tokens", "sequences", "GB/s", "" ...
+    // The texts are string literals of the table (memory/fields.cpp): views,
+    // so that building the table at start-up copies none of them.
+    std::string_view group;    // "job", "precision", "savers", "layout", "gpu", "time", ...
+    std::string_view help;
+    std::string_view unit;     // "bytes", "tokens", "sequences", "GB/s", "" ...
     std::uint32_t commands = 0;  // bit per Command
     std::uint8_t modes = kAllModes;
     std::vector<std::string> values;   // Enum / EnumList choices
     std::vector<std::string> aliases;  // other CLI spellings ("batch-list")
-    std::string default_text;          // a default computed from other fields, in words
+    std::string_view default_text;     // a default computed from other fields, in words
     nlohmann::json default_value;      // the default as JSON; null when none or computed
     std::optional<double> min, max;    // Int / Number / Size / Count / list-entry range (inclusive)
     // Why the range ends where it does (docs/limits.md): limits on fields whose
     // size drives work or memory sit far above real use, so that an absurd
     // value is refused up front instead of overflowing or exhausting memory.
-    std::string limit;
+    std::string_view limit;
     std::optional<std::int64_t> max_items;  // IntList / StringList / EnumList: most entries
     bool positional = false;           // the CLI's first argument (MODEL, MESSAGE, FILE)
     bool required = false;
