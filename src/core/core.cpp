@@ -15,7 +15,7 @@ namespace gpumem {
 // printf("%.2f <unit>") of n / 1024^k, without printf: the double n / 2^(10k)
 // is exact (a power-of-two quotient of the double n), so its decimal rounding
 // to two places, half to even as glibc's printf rounds an exact tie, is done
-// on integers (tests/core_test.cpp compares it with snprintf).
+// on integers (tests/format_bytes_test.cpp compares it with snprintf).
 std::string format_bytes(Bytes b) {
     const std::int64_t n = b.count();
     const double a = std::fabs(static_cast<double>(n));

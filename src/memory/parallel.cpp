@@ -79,6 +79,16 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     const std::int64_t vpp = std::max<std::int64_t>(1, lay.vpp);
     const bool graph = g.params_only == 0;
     res.instance_stage = graph ? assign_virtual_stages(g, lay) : std::vector<std::vector<std::int32_t>>{};
+    // The rank (v % pp) and model chunk (v / pp) of every virtual stage v, looked
+    // up: a 64-bit division per block instance and rank was a tenth of a 405B
+    // estimate.
+    std::vector<std::int64_t> rank_of(static_cast<std::size_t>(p * vpp)), chunk_of(rank_of.size());
+    for (std::int64_t v = 0; v < p * vpp; ++v) {
+        rank_of[static_cast<std::size_t>(v)] = v % p;
+        chunk_of[static_cast<std::size_t>(v)] = v / p;
+    }
+    auto rank_v = [&](std::int32_t v) { return v >= 0 && v < p * vpp ? rank_of[static_cast<std::size_t>(v)] : v % p; };
+    auto chunk_v = [&](std::int32_t v) { return v >= 0 && v < p * vpp ? chunk_of[static_cast<std::size_t>(v)] : v / p; };
 
     // ---- activations of one micro-batch on one rank ---------------------------------
     // job.actx describes this rank's share: seq / cp tokens, tensors split over
@@ -193,7 +203,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         // Each block's instances on this rank (all its model chunks), counted once.
         std::vector<std::int64_t> rank_inst(g.blocks.size(), 0);
         for (std::size_t bi = 0; bi < res.instance_stage.size() && bi < rank_inst.size(); ++bi)
-            for (auto v : res.instance_stage[bi]) rank_inst[bi] += (v % p) == r ? 1 : 0;
+            for (auto v : res.instance_stage[bi]) rank_inst[bi] += rank_v(v) == r ? 1 : 0;
         // ---- model states ----------------------------------------------------------
         // Rounding: the allocator blocks of these persistent tensors exceed their
         // bytes (memory/blocks.hpp); kept apart so that the states stay exact.
@@ -289,7 +299,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 const Block& b = g.blocks[bi];
                 for (std::int64_t k = 0; k < b.repeat; ++k) {
                     const std::int32_t v = res.instance_stage[bi][static_cast<std::size_t>(k)];
-                    if (v % p == r) {
+                    if (rank_v(v) == r) {
                         if (b.checkpointable) {
                             if (first_layer < 0) first_layer = layer;
                             ++layers;
@@ -397,7 +407,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // Gradients each model chunk holds once it has run a backward.
             for (std::size_t bi = 0; bi < g.blocks.size(); ++bi)
                 for (auto v : res.instance_stage[bi])
-                    if (v % p == r) chunk_grad[static_cast<std::size_t>(v / p)] += kept_grad_of[bi];
+                    if (rank_v(v) == r) chunk_grad[static_cast<std::size_t>(chunk_v(v))] += kept_grad_of[bi];
             // Gradients a chunk's backward has yet to make when it reaches the
             // chunk's first layer (that layer's and the embedding's before it).
             for (std::int64_t ch = 0; ch < vpp; ++ch) {

@@ -20,6 +20,7 @@
 //                       optimizer are sharded the same way.
 // LoRA adapters (A [r, in], B [out, r] per target linear) go with their layer.
 #include <algorithm>
+#include <limits>
 
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/features.hpp"
@@ -68,10 +69,11 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
         return out;
     }
     out.reserve(g.blocks.size() * 16);
+    const auto pp32 = static_cast<std::int32_t>(std::min<std::int64_t>(pp, std::numeric_limits<std::int32_t>::max()));
     auto instances = [&](std::size_t bi) {
         std::int64_t n = 0;
         if (bi < instance_stage.size())
-            for (auto v : instance_stage[bi]) n += (v % pp) == rank ? 1 : 0;
+            for (auto v : instance_stage[bi]) n += (v % pp32) == rank ? 1 : 0;  // 32-bit: pp <= 2^20 (field limit)
         return n;
     };
     const std::int32_t last_vstage = static_cast<std::int32_t>(std::max<std::int64_t>(1, lay.virtual_stages()) - 1);
