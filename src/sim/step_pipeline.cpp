@@ -355,6 +355,7 @@ void StepBuilder::run() {
         for (auto x : v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ULL;
         return h;
     };
+    const std::int64_t reserve_at = std::min(n_ops / 4, 8 * pp_ * vpp_);
     for (int s = 0; s < opt_.steps; ++s) {
         em_.step = s;
         // torch.compile(mode="reduce-overhead") warms up in the first step and
@@ -372,6 +373,16 @@ void StepBuilder::run() {
         std::int64_t base_id = 0;
         bool cut = !detect;
         for (std::int64_t x = 0; x < n_ops; ++x) {
+            // The trace's room, reserved once from the events of the first
+            // quarter of the ops projected over the whole run (within the event
+            // cap) when every op runs (no steady-state cut can shorten it):
+            // growing by doubling copied the events and touched their pages
+            // again, a fifth of a long pipeline's simulation in page faults.
+            if (!detect && s == 0 && x == reserve_at && x > 0) {
+                auto& ev = out_.trace.events;
+                const double projected = static_cast<double>(ev.size()) * static_cast<double>(opt_.steps * n_ops) / static_cast<double>(x) * 1.25;
+                ev.reserve(static_cast<std::size_t>(std::min(projected, static_cast<double>(kMaxTraceEvents))));
+            }
             if (!cut && x >= warm && (x - warm) % rebase == 0) {
                 base_id = em_.next_id();
                 seen.clear();
