@@ -253,7 +253,7 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         for (const auto& r : out.breakdown) sum += r.bytes;
         if (sum != pg.total_device) out.breakdown.push_back({"unattributed", "unattributed", pg.total_device - sum, "rounding of the peak phase"});
         // Outside the step's allocator peak: paged optimizer states, the load phase.
-        finish_outside_allocator(out, g, m, par.nccl_outside, &par);
+        finish_outside_allocator(out, g, par, m);
 
         if (dist) out.assumptions.insert(out.assumptions.end(), par.notes.begin(), par.notes.end());
         out.assumptions.push_back(std::string("precision ") + to_string(job.prec) + ": weights " + std::string(dtype_name(job.wdt)) +

@@ -116,12 +116,6 @@ bool fsdp1_flat_grads(const Job& job) {
     return job.train && job.lora && job.layout.cfg.fsdp != Fsdp::None && job.layout.cfg.fsdp_version == 1;
 }
 
-LoadPhase load_phase(const ModelGraph& g_in, const Job& job, std::int64_t rank) {
-    const ModelGraph& g = job_graph(g_in, job);
-    const auto stages = g.params_only > 0 ? std::vector<std::vector<std::int32_t>>{} : assign_virtual_stages(g, job.layout);
-    return load_phase(g_in, job, rank, stages, rank_tensors(g, job, stages, rank));
-}
-
 LoadPhase load_phase(const ModelGraph& g_in, const Job& job, std::int64_t rank, const std::vector<std::vector<std::int32_t>>& stages,
                      const std::vector<RankTensor>& tensors) {
     const ModelGraph& g = job_graph(g_in, job);
@@ -191,7 +185,7 @@ LoadPhase load_phase(const ModelGraph& g_in, const Job& job, std::int64_t rank, 
     return lp;
 }
 
-void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const StageMemory& m, Bytes nccl, const ParallelResult* par) {
+void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const ParallelResult& par, const StageMemory& m) {
     PerGpu& pg = r.per_gpu;
     const Job& job = *r.job;
     // The step simulation finishes an analytic estimate: its lines go once.
@@ -208,11 +202,9 @@ void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const Stag
                                 "the verdict is conservative");
     }
     // The load phase: its peak against the step's.
-    const auto st = static_cast<std::size_t>(m.stage);
-    const LoadPhase lp = par && st < par->stage_tensors.size() ? load_phase(g, job, m.stage, par->instance_stage, par->stage_tensors[st])
-                                                               : load_phase(g, job, m.stage);
+    const LoadPhase lp = load_phase(g, job, m.stage, par.instance_stage, par.stage_tensors.at(static_cast<std::size_t>(m.stage)));
     pg.load_peak = lp.allocated;
-    const Bytes load_total = lp.allocated + pg.cuda_context + nccl;
+    const Bytes load_total = lp.allocated + pg.cuda_context + par.nccl_outside;
     if (load_total > pg.total_device) {
         r.breakdown.push_back({"load_excess", "loading above the step's peak", load_total - pg.total_device,
                                "from_pretrained: " + lp.detail});

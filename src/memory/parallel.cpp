@@ -79,16 +79,19 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     const std::int64_t vpp = std::max<std::int64_t>(1, lay.vpp);
     const bool graph = g.params_only == 0;
     res.instance_stage = graph ? assign_virtual_stages(g, lay) : std::vector<std::vector<std::int32_t>>{};
-    // The rank (v % pp) and model chunk (v / pp) of every virtual stage v, looked
-    // up: a 64-bit division per block instance and rank was a tenth of a 405B
-    // estimate.
-    std::vector<std::int64_t> rank_of(static_cast<std::size_t>(p * vpp)), chunk_of(rank_of.size());
-    for (std::int64_t v = 0; v < p * vpp; ++v) {
+    // The rank (v % pp) and model chunk (v / pp) of every virtual stage v that
+    // instance_stage names, looked up: a 64-bit division per block instance
+    // and rank was a tenth of a 405B estimate.
+    std::int32_t stages_named = static_cast<std::int32_t>(p * vpp);
+    for (const auto& per_block : res.instance_stage)
+        for (auto v : per_block) stages_named = std::max(stages_named, v + 1);
+    std::vector<std::int64_t> rank_of(static_cast<std::size_t>(stages_named)), chunk_of(rank_of.size());
+    for (std::int64_t v = 0; v < stages_named; ++v) {
         rank_of[static_cast<std::size_t>(v)] = v % p;
         chunk_of[static_cast<std::size_t>(v)] = v / p;
     }
-    auto rank_v = [&](std::int32_t v) { return v >= 0 && v < p * vpp ? rank_of[static_cast<std::size_t>(v)] : v % p; };
-    auto chunk_v = [&](std::int32_t v) { return v >= 0 && v < p * vpp ? chunk_of[static_cast<std::size_t>(v)] : v / p; };
+    auto rank_v = [&](std::int32_t v) { return rank_of[static_cast<std::size_t>(v)]; };
+    auto chunk_v = [&](std::int32_t v) { return chunk_of[static_cast<std::size_t>(v)]; };
 
     // ---- activations of one micro-batch on one rank ---------------------------------
     // job.actx describes this rank's share: seq / cp tokens, tensors split over
@@ -183,13 +186,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     // A model chunk's saved activations depend only on its block instances
     // and whether its input requires grad: the chunks of the ranks in between
     // are alike, so each distinct chunk is computed once (pp x vpp calls were
-    // half of a 405B plan's analytic search).
+    // half of a 405B plan's analytic search), its block walks from `memo`.
     std::map<std::pair<std::vector<std::int64_t>, bool>, ActivationResult> chunk_activations;
-    // A chunk that is the whole model (one stage, no interleaving) is `whole` itself.
     auto chunk_saved = [&](const std::vector<std::int64_t>& inst, bool input_rg) -> const ActivationResult& {
-        bool all = !input_rg && inst.size() == g.blocks.size();
-        for (std::size_t bi = 0; all && bi < inst.size(); ++bi) all = inst[bi] == g.blocks[bi].repeat;
-        if (all) return whole;
         auto key = std::make_pair(inst, input_rg);
         auto it = chunk_activations.find(key);
         if (it == chunk_activations.end()) it = chunk_activations.emplace(std::move(key), saved_activations(g, ctx, &inst, input_rg, memo)).first;

@@ -45,8 +45,9 @@ std::vector<std::int64_t> rank_param_shape(const Param& prm, std::int64_t tp) {
 }
 
 std::int64_t rank_param_elems(const Param& prm, std::int64_t tp) {
+    const bool split = tp_split(prm);
     std::int64_t n = 1;
-    for (auto d : rank_param_shape(prm, tp)) n = checked_mul(n, d);
+    for (std::size_t i = 0; i < prm.shape.size(); ++i) n = checked_mul(n, i == 0 && split ? ceil_div(prm.shape[0], tp) : prm.shape[i]);
     return n;
 }
 
@@ -68,7 +69,9 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
         out.push_back(t);
         return out;
     }
-    out.reserve(g.blocks.size() * 16);
+    std::size_t param_tensors = 0;  // one entry each (LoRA adapters may add some)
+    for (const Block& b : g.blocks) param_tensors += b.params.size();
+    out.reserve(param_tensors + 1);
     const auto pp32 = static_cast<std::int32_t>(std::min<std::int64_t>(pp, std::numeric_limits<std::int32_t>::max()));
     auto instances = [&](std::size_t bi) {
         std::int64_t n = 0;
@@ -96,8 +99,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
             t.block = static_cast<std::int32_t>(bi);
             t.param = static_cast<std::int32_t>(pi);
             t.shape = rank_param_shape(prm, tp);
-            t.elems = 1;
-            for (auto d : t.shape) t.elems = checked_mul(t.elems, d);
+            t.elems = rank_param_elems(prm, tp);
             t.copies = checked_mul(expert ? ceil_div(prm.count, c.ep) : prm.count, n);
             t.shard = expert ? lay.expert_shard : lay.shard;
             t.trainable = job.train && !job.lora && prm.trainable;

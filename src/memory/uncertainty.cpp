@@ -22,18 +22,44 @@ const std::vector<ErrorBand>& error_bands() {
     return t;
 }
 
-std::vector<std::string> band_paths(const Job& job) {
-    if (!job.train) return {"infer", "all"};
+namespace {
+// A training job's kind of layout in the band paths ("train/<kind>/<framework>").
+std::string_view train_kind(const Job& job) {
     const ParallelConfig& c = job.layout.cfg;
-    std::string kind = c.zero > 0                                ? "zero"
-                       : c.fsdp != Fsdp::None                    ? "fsdp"
-                       : c.tp > 1 || c.pp > 1 || c.cp > 1        ? "tp-pp"
-                       : c.gpus > 1                              ? "dp"
-                                                                 : "single";
-    std::vector<std::string> out = {"train/" + kind + "/" + to_string(job.framework.framework), "train/" + kind};
-    if (kind != "single") out.emplace_back("train/distributed");
-    out.emplace_back("train");
-    out.emplace_back("all");
+    return c.zero > 0                           ? "zero"
+           : c.fsdp != Fsdp::None               ? "fsdp"
+           : c.tp > 1 || c.pp > 1 || c.cp > 1   ? "tp-pp"
+           : c.gpus > 1                         ? "dp"
+                                                : "single";
+}
+
+// The band paths of a job, most specific first, each handed to `f` until it
+// returns true: band_paths() lists them, band_for() stops at the first band
+// written (one lookup per estimate, no list built).
+template <class F>
+void visit_band_paths(const Job& job, F&& f) {
+    if (!job.train) {
+        if (!f(std::string_view("infer"))) f(std::string_view("all"));
+        return;
+    }
+    const std::string_view kind = train_kind(job);
+    std::string path = "train/";
+    path += kind;
+    const std::size_t kind_end = path.size();
+    path += '/';
+    path += to_string(job.framework.framework);
+    if (f(std::string_view(path)) || f(std::string_view(path).substr(0, kind_end))) return;
+    if (kind != "single" && f(std::string_view("train/distributed"))) return;
+    if (!f(std::string_view("train"))) f(std::string_view("all"));
+}
+}  // namespace
+
+std::vector<std::string> band_paths(const Job& job) {
+    std::vector<std::string> out;
+    visit_band_paths(job, [&](std::string_view p) {
+        out.emplace_back(p);
+        return false;
+    });
     return out;
 }
 
@@ -46,34 +72,14 @@ const ErrorBand& band_for_paths(const std::vector<std::string>& paths) {
 }
 
 const ErrorBand& band_for(const Job& job) {
-    // band_paths(job)'s order, without building the list (one per estimate).
     const auto& t = error_bands();
-    auto find = [&](std::string_view p) -> const ErrorBand* {
+    const ErrorBand* found = nullptr;
+    visit_band_paths(job, [&](std::string_view p) {
         for (const auto& b : t)
-            if (p == b.path) return &b;
-        return nullptr;
-    };
-    if (job.train) {
-        const ParallelConfig& c = job.layout.cfg;
-        const std::string_view kind = c.zero > 0                           ? "zero"
-                                      : c.fsdp != Fsdp::None               ? "fsdp"
-                                      : c.tp > 1 || c.pp > 1 || c.cp > 1   ? "tp-pp"
-                                      : c.gpus > 1                         ? "dp"
-                                                                           : "single";
-        std::string path = "train/";
-        path += kind;
-        const std::size_t kind_end = path.size();
-        path += '/';
-        path += to_string(job.framework.framework);
-        if (const auto* b = find(path)) return *b;
-        if (const auto* b = find(std::string_view(path).substr(0, kind_end))) return *b;
-        if (kind != "single")
-            if (const auto* b = find("train/distributed")) return *b;
-        if (const auto* b = find("train")) return *b;
-    } else if (const auto* b = find("infer")) {
-        return *b;
-    }
-    return band_for_paths({"all"});
+            if (p == b.path) found = &b;
+        return found != nullptr;
+    });
+    return found ? *found : t.front();  // "all" sorts first and is always written
 }
 
 

@@ -92,7 +92,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         sim::ReplayOptions base_ro;
         base_ro.mode = pytorch ? sim::AllocatorMode::PyTorch : sim::AllocatorMode::None;
         base_ro.config = conf.value();
-        const Bytes context = r.per_gpu.cuda_context + (r.parallel ? r.parallel->nccl_outside : Bytes(0));
+        const Bytes context = r.per_gpu.cuda_context + par.nccl_outside;
         const Bytes capacity = j.capacity > context ? j.capacity - context : Bytes(0);
         base_ro.top_tensors = 10;
 
@@ -309,7 +309,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             r.warnings.push_back(s.oom_detail + " (fragmentation: the total fits but no free block is large enough)");
         // Outside the step's allocator peak (analytic rows of the rank simulated):
         // paged optimizer states and the load phase (memory/features.hpp).
-        finish_outside_allocator(r, g, par.stages[static_cast<std::size_t>(chosen)], r.parallel ? r.parallel->nccl_outside : Bytes(0), &par);
+        finish_outside_allocator(r, g, par, par.stages[static_cast<std::size_t>(chosen)]);
         // An approximate simulation (sim/step.hpp StepTrace::approximate:
         // interleaved pipelines past 64 micro-batches, an unsettled 1F1B
         // pipeline, decode past 64 steps) is checked within 1% of the full

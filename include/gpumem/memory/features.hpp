@@ -65,8 +65,7 @@ struct LoadPhase {
     Bytes in_flight;   // the tensor in flight on top of them
     std::string detail;
 };
-LoadPhase load_phase(const ModelGraph& g, const Job& job, std::int64_t rank);
-// The same from the rank's stages and tensors already made (ParallelResult's
+// Rank `rank`'s load phase from its stages and tensors (ParallelResult's
 // instance_stage and stage_tensors[rank]).
 LoadPhase load_phase(const ModelGraph& g, const Job& job, std::int64_t rank, const std::vector<std::vector<std::int32_t>>& stages,
                      const std::vector<RankTensor>& tensors);
@@ -74,9 +73,8 @@ LoadPhase load_phase(const ModelGraph& g, const Job& job, std::int64_t rank, con
 // Adds what lies outside the step's allocator peak to an estimate (analytic
 // or simulated): the paged optimizer states of rank `m` (their own row, in
 // total_device) and the load phase (per_gpu.load_peak; the headline is the
-// larger of load and step). `nccl` is the rank's NCCL memory.
-// `par` (optional): the layout's ParallelResult whose rank tensors the load
-// phase reuses.
-void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const StageMemory& m, Bytes nccl, const ParallelResult* par = nullptr);
+// larger of load and step), from the layout's `par` (its rank tensors and
+// NCCL memory); `m` is one of par.stages.
+void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const ParallelResult& par, const StageMemory& m);
 
 }  // namespace gpumem
