@@ -22,8 +22,10 @@
 #include <vector>
 
 #include "gpumem/memory/job.hpp"
+#include "gpumem/model/load.hpp"
 #include "gpumem/report/render.hpp"
 #include "gpumem/sim/simulate.hpp"
+#include "gpumem/sim/step.hpp"
 #include "job_grid.hpp"
 
 namespace gpumem {
@@ -262,6 +264,40 @@ TEST(SimFastPath, ApproximateAnswerNearCapacityWarns) {
     EXPECT_FALSE(warned(200, Bytes(total.count() * 2)).first);
     const Bytes exact = warned(50, std::nullopt).second;  // 50 decode steps: replayed in full
     EXPECT_FALSE(warned(50, Bytes(exact.count() + exact.count() / 200)).first);
+}
+
+// A pipeline short enough in operations to be simulated whole (it fits in the
+// detection window) but whose whole trace would pass the event limit
+// (kMaxTraceEvents): llama-3.1-405b tp 8 pp 2 at grad-accum 300, 63 layers a
+// rank, about 6.3M events. The simulation tries again looking for the steady
+// state and answers simulated, where the full replay (and the simulation
+// before the retry existed) can only give the analytic estimate.
+TEST(SimFastPath, LongScheduleOverTheEventLimitIsStillSimulated) {
+    EstimateRequest r;
+    r.model = "llama-3.1-405b";
+    r.seq = 2048;
+    r.grad_accum = 300;
+    r.parallel.gpus = 16;
+    r.parallel.tp = 8;
+    r.parallel.pp = 2;
+    r.parallel.sp = true;
+    const ModelGraph g = load_model(r.model).value();
+    auto skipped = [](const EstimateResult& e) {
+        return std::any_of(e.warnings.begin(), e.warnings.end(), [](const std::string& w) { return w.find("step simulation skipped") != std::string::npos; });
+    };
+    SimulateOptions whole;
+    whole.full_replay = true;
+    whole.threads = 1;
+    auto full = simulate_estimate(g, r, whole);
+    ASSERT_TRUE(full.ok()) << full.error().message;
+    EXPECT_TRUE(skipped(full.value())) << request_to_command(r) << ": every micro-batch should pass " << sim::kMaxTraceEvents << " events";
+    SimulateOptions fast;
+    fast.threads = 1;
+    auto res = simulate_estimate(g, r, fast);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    EXPECT_FALSE(skipped(res.value())) << request_to_command(r);
+    ASSERT_TRUE(res.value().simulation.has_value()) << request_to_command(r);
+    EXPECT_GT(res.value().simulation->events, sim::kMaxTraceEvents) << request_to_command(r) << ": periods left out";
 }
 
 // A job that does not fit is replayed twice: against the GPU's memory (where

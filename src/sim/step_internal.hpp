@@ -173,6 +173,9 @@ public:
     void run();
     // Thrown by run() when steady-state detection finds no period in its window.
     struct NoSteadyState {};
+    // Whether run() simulated a schedule whole where detection could have
+    // cut it (StepTraceOptions::detect_always).
+    [[nodiscard]] bool skipped_detection() const { return skipped_detection_; }
 
 private:
     Instance forward(const BlockPlan& p, std::int64_t input, bool input_rg, bool grad_mode, bool keep_saves, Bytes next_gather);
@@ -218,6 +221,7 @@ private:
     std::vector<std::int64_t> dropped_casts_;  // autocast weight copies freed when forward ends
     std::vector<std::int64_t> states_;
     bool ws_main_ = false, ws_autograd_ = false;
+    bool skipped_detection_ = false;
     std::int32_t param_grad_label_ = -1;
     // The rank: pipeline position, its chunks' blocks, its tensors.
     const ParallelResult* par_ = nullptr;

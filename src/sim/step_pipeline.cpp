@@ -335,13 +335,31 @@ void StepBuilder::run() {
     // `estimate` for llama-3.1-405b tp 2 pp 32 vpp 4, 31 ranks simulated,
     // 2.9 s -> 1.7 s; llama-3-70b tp 8 pp 8 1F1B grad-accum 256 1.2 s -> 0.6 s).
     const std::int64_t stride = 2 * pp_ * vpp_;
-    // An interleaved schedule is simulated whole, without looking for its
-    // steady state, when it fits in the window or has no more micro-batches
-    // than the cut without one (m_cut): its state rarely repeats (above), so
-    // the probe, a second pass of the allocator model over every event, would
-    // double the cost for nothing, and the answer is the same either way (a
-    // cut is exact). Under 1F1B a cut usually comes early and pays for it.
-    const bool detect = steady && n_ops > warm + 4 && (vpp_ == 1 || (n_ops > warm + window && m_cut < m));
+    // Detection costs about twice what it can save per operation: up to the
+    // cut, the probe (a second pass of the allocator model over every event,
+    // plus the signatures) runs beside the trace, and the replay still covers
+    // every event before the cut. So a schedule is simulated whole, without
+    // looking for its steady state, when a cut could not come early enough to
+    // pay for it; the answer is the same either way (a cut is exact, a whole
+    // schedule is the full replay).
+    // - A pipeline (pp > 1), 1F1B or interleaved, when its operations fit in
+    //   the window (or it has no more micro-batches than the cut without
+    //   detection, m_cut): 1F1B caches settle only after a few hundred
+    //   chunks (above), interleaved ones rarely. CPU time of `estimate`, one
+    //   thread, detection vs whole: llama-3-70b tp 8 pp 4 grad-accum 64
+    //   298 ms vs 106 ms, pp 8 grad-accum 256 616 ms vs 240 ms; llama-3.2-1b
+    //   pp 4 grad-accum 256 65 ms vs 69 ms (its cut came early).
+    // - One GPU (pp = 1) below kDetectMinMicroBatches: its state repeats
+    //   within the first micro-batches, and detection then costs what 15 to
+    //   28 micro-batches do in full (qwen2-0.5b, gpt2, llama-3-8b at seq
+    //   1024: grad-accum 8 16 ms / 7 ms / 43 ms detecting vs 10 ms / 3 ms /
+    //   14 ms whole; grad-accum 48 16 ms / 7 ms / 40 ms vs 49 ms / 18 ms / 72 ms).
+    // StepTraceOptions::detect_always overrides both (run_builder's second
+    // try when the whole schedule would exceed kMaxTraceEvents).
+    constexpr std::int64_t kDetectMinMicroBatches = 24;
+    const bool worth = pp_ == 1 ? m >= kDetectMinMicroBatches : n_ops > warm + window && m_cut < m;
+    const bool detect = steady && n_ops > warm + 4 && (worth || opt_.detect_always);
+    skipped_detection_ = steady && n_ops > warm + 4 && !detect;
     std::optional<StateProbe> probe;
     if (detect) {
         probe.emplace(*opt_.steady_state);
@@ -378,10 +396,14 @@ void StepBuilder::run() {
             // cap) when every op runs (no steady-state cut can shorten it):
             // growing by doubling copied the events and touched their pages
             // again, a fifth of a long pipeline's simulation in page faults.
+            // A schedule simulated whole for want of a cut worth looking for,
+            // projected past the event limit, stops here: run_builder tries
+            // again with detection (a cut may keep it within the limit).
             if (!detect && s == 0 && x == reserve_at && x > 0) {
                 auto& ev = out_.trace.events;
-                const double projected = static_cast<double>(ev.size()) * static_cast<double>(opt_.steps * n_ops) / static_cast<double>(x) * 1.25;
-                ev.reserve(static_cast<std::size_t>(std::min(projected, static_cast<double>(kMaxTraceEvents))));
+                const double projected = static_cast<double>(ev.size()) * static_cast<double>(opt_.steps * n_ops) / static_cast<double>(x);
+                if (skipped_detection_ && projected > static_cast<double>(kMaxTraceEvents)) throw TraceTooLarge(kMaxTraceEvents);
+                ev.reserve(static_cast<std::size_t>(std::min(projected * 1.25, static_cast<double>(kMaxTraceEvents))));
             }
             if (!cut && x >= warm && (x - warm) % rebase == 0) {
                 base_id = em_.next_id();
@@ -455,10 +477,18 @@ namespace {
 
 StepTrace run_builder(const ModelGraph& g, const Job& job, const StepTraceOptions& opt) {
     StepTrace out;
+    detail::StepBuilder builder(g, job, opt, out);
     try {
-        detail::StepBuilder(g, job, opt, out).run();
+        builder.run();
         return out;
     } catch (const detail::StepBuilder::NoSteadyState&) {
+    } catch (const TraceTooLarge&) {
+        // A schedule simulated whole because it looked too short for a cut to
+        // pay: with detection its periods may be left out.
+        if (!builder.skipped_detection()) throw;
+        StepTraceOptions o = opt;
+        o.detect_always = true;
+        return run_builder(g, job, o);
     }
     // No period found in the detection window: the 64-micro-batch cut.
     StepTraceOptions o = opt;

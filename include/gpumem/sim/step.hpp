@@ -64,6 +64,10 @@ struct StepTraceOptions {
     // micro-batches instead (approximate, said in the notes). Null: no
     // detection, the 64-micro-batch cut.
     const ReplayOptions* steady_state = nullptr;
+    // Look for the steady state even where the schedule is short enough to
+    // simulate whole for less (sim/step_pipeline.cpp: a pipeline whose
+    // operations fit in the detection window, one GPU below 24 micro-batches).
+    bool detect_always = false;
     // Distributed layouts: simulate one GPU of pipeline stage `stage` (the
     // analytic model's stage assignment and activation scaling).
     const ParallelResult* parallel = nullptr;
