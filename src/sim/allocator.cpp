@@ -291,6 +291,10 @@ struct CachingAllocator::Impl {
     std::vector<std::unique_ptr<ExpSeg>> exp_segs;      // live expandable segments
     std::int64_t next_addr = std::int64_t{1} << 32;     // bump pointer for virtual addresses
     AllocatorStats stats;
+    // Capacity watch (CachingAllocator::watch_capacity): the state before the
+    // first cudaMalloc that would take reserved above `watch`.
+    std::int64_t watch = kNoLimit;
+    std::unique_ptr<Impl> watched;
 
     Impl(AllocatorConfig c, Bytes cap)
         : cfg(std::move(c)),
@@ -437,6 +441,14 @@ struct CachingAllocator::Impl {
         if (cfg.expandable_segments) {
             p.block = try_allocate_expandable_block(p.stream, p.pool, p.size);
             return p.block != nullptr;
+        }
+        // Nothing has changed since this malloc began (a failed best-fit
+        // search changes nothing; the GC, which ages blocks, is off where a
+        // watch is set): the copy is the state before the malloc.
+        if (watch != kNoLimit && !watched && stats.reserved.count() + p.alloc_size > watch) {
+            watched = clone();
+            watched->capacity = watch;
+            watch = kNoLimit;
         }
         if (stats.reserved.count() + p.alloc_size > capacity) return false;  // cudaErrorMemoryAllocation
         const std::int64_t addr = next_addr;
@@ -774,6 +786,33 @@ struct CachingAllocator::Impl {
         pool.insert_into_blocks(block);
     }
 
+    // A deep copy: blocks keep their slots (so handles stay valid), their
+    // links point into the copy, the free sets are rebuilt. Expandable
+    // segments are not copied (watch_capacity refuses them).
+    [[nodiscard]] std::unique_ptr<Impl> clone() const {
+        auto c = std::make_unique<Impl>(cfg, Bytes(capacity));
+        c->storage = storage;
+        auto tr = [&c](const Block* b) -> Block* { return b ? &c->storage[b->slot] : nullptr; };
+        for (Block& b : c->storage) {
+            b.prev = tr(b.prev);
+            b.next = tr(b.next);
+            b.pool = b.pool == &large_blocks ? &c->large_blocks : b.pool == &small_blocks ? &c->small_blocks : nullptr;
+            b.es = nullptr;
+            b.in_free = false;
+            b.free_pos = {};
+        }
+        for (const BlockPool* from : {&large_blocks, &small_blocks}) {
+            BlockPool& to = from == &large_blocks ? c->large_blocks : c->small_blocks;
+            to.get_free_blocks_call_count = from->get_free_blocks_call_count;
+            for (const Block* b : from->blocks) to.blocks.insert(tr(b));
+        }
+        c->free_slots = free_slots;
+        c->segs = segs;
+        c->next_addr = next_addr;
+        c->stats = stats;
+        return c;
+    }
+
     // --- public operations ---------------------------------------------------
     [[nodiscard]] std::int64_t largest_free() const {
         return std::max(large_blocks.blocks.largest_eager(), small_blocks.blocks.largest_eager());
@@ -1026,6 +1065,24 @@ void CachingAllocator::reset_peaks() {
     s.peak_reserved = s.reserved;
     s.peak_requested = s.requested;
 }
+
+bool CachingAllocator::capacity_only_limits(const AllocatorConfig& cfg) {
+    return !cfg.expandable_segments && cfg.garbage_collection_threshold <= 0.0;  // as Impl's gc_enabled
+}
+
+bool CachingAllocator::watch_capacity(Bytes limit) {
+    if (!capacity_only_limits(impl_->cfg)) return false;
+    impl_->watch = std::min(limit.count(), kMaxSize / 2);
+    impl_->watched.reset();
+    return true;
+}
+
+std::optional<CachingAllocator> CachingAllocator::take_watched() {
+    if (!impl_->watched) return std::nullopt;
+    return CachingAllocator(impl_->watched.release());
+}
+
+CachingAllocator::CachingAllocator(Impl* impl) : impl_(impl) {}
 
 const AllocatorStats& CachingAllocator::stats() const { return impl_->stats; }
 Bytes CachingAllocator::largest_free_block() const { return Bytes(impl_->largest_free()); }

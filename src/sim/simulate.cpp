@@ -10,6 +10,7 @@
 #include "gpumem/memory/features.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/load.hpp"
+#include "gpumem/sim/allocator.hpp"
 #include "gpumem/sim/step.hpp"
 #include "gpumem/sim/trace.hpp"
 
@@ -133,13 +134,11 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             so.all_micro_batches = sopt.full_replay;
             // Full replay: every decode step too (bounded by the trace's event cap).
             if (sopt.full_replay) so.max_decode_steps = static_cast<int>(std::min<std::int64_t>(req.gen_len, sim::kMaxTraceEvents));
-            // Replay against the GPU's capacity: the allocator frees its cache and
-            // retries before it fails, so this decides whether the job fits. When
-            // it does not, replay again without a limit to report what it needs.
-            // (The first replay stops at the OOM: only where and how it failed is
-            // used.) The trace's steady-state cuts hold for the replay settings
-            // it was built with, so a trace with cuts is built again for the
-            // second replay.
+            // Two answers: whether the job fits the GPU (a replay against its
+            // capacity, where the allocator frees its cache and retries before
+            // it fails; only where and how it failed is used) and what it needs
+            // (a replay without a limit). The trace is built for the first; its
+            // steady-state cuts hold for the replay settings it was built with.
             sim::ReplayOptions ro = base_ro;
             ro.capacity = capacity;
             ro.stop_at_oom = true;
@@ -158,21 +157,54 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             RankRun run;
             run.index = i;
             run.trace = std::move(*built);
-            run.rep = sim::replay(run.trace.trace, ro);
-            run.oom = run.rep.oom;
-            if (run.oom) {
-                run.oom_event = run.trace.trace.full_index(run.rep.oom_event);
-                run.oom_phase = sim::phase_name(run.trace.trace.events[static_cast<std::size_t>(run.rep.oom_event)].phase);
-                ro.capacity = Bytes(INT64_MAX / 4);
-                ro.stop_at_oom = false;
-                // A trace without cuts or approximation does not depend on the
-                // replay settings it was built with: replayed again as it is.
-                if (!run.trace.trace.cuts.empty() || run.trace.approximate) {
-                    built = build();
-                    if (!built) return;
-                    run.trace = std::move(*built);
+            auto note_oom = [&run](const sim::OomInfo& o, std::int64_t event) {
+                run.oom = o;
+                run.oom_event = run.trace.trace.full_index(event);
+                run.oom_phase = sim::phase_name(run.trace.trace.events[static_cast<std::size_t>(event)].phase);
+            };
+            // Both answers in one pass where the capacity decides nothing but
+            // whether cudaMalloc succeeds (sim/trace.hpp
+            // ReplayOptions::oom_capacity): the replay without a limit, which
+            // also tells where the one against the GPU runs out of memory. A
+            // trace without cuts or approximation does not depend on the
+            // replay settings it was built with.
+            const bool trace_neutral = run.trace.trace.cuts.empty() && !run.trace.approximate;
+            bool answered = false;
+            std::optional<sim::ReplayResult> unlimited;
+            if (pytorch && trace_neutral && sim::CachingAllocator::capacity_only_limits(ro.config)) {
+                sim::ReplayOptions un = ro;
+                un.capacity = Bytes(INT64_MAX / 4);
+                un.stop_at_oom = false;
+                un.oom_capacity = capacity;
+                sim::ReplayResult rep = sim::replay(run.trace.trace, un);
+                if (rep.at_capacity_known) {
+                    if (rep.at_capacity_oom) note_oom(*rep.at_capacity_oom, rep.at_capacity_oom_event);
+                    run.rep = std::move(rep);
+                    answered = true;
+                } else {
+                    unlimited = std::move(rep);  // what it needs, if the replay against the GPU fails
                 }
+            }
+            // Otherwise: against the GPU (the answer when it fits), then,
+            // when it does not, without a limit to report what it needs (a
+            // trace with cuts is built again for those settings).
+            if (!answered) {
                 run.rep = sim::replay(run.trace.trace, ro);
+                if (run.rep.oom) {
+                    note_oom(*run.rep.oom, run.rep.oom_event);
+                    if (unlimited) {
+                        run.rep = std::move(*unlimited);
+                    } else {
+                        ro.capacity = Bytes(INT64_MAX / 4);
+                        ro.stop_at_oom = false;
+                        if (!trace_neutral) {
+                            built = build();
+                            if (!built) return;
+                            run.trace = std::move(*built);
+                        }
+                        run.rep = sim::replay(run.trace.trace, ro);
+                    }
+                }
             }
             peak_alloc[i] = run.rep.peak_allocated;
             peak_res[i] = reserved(run.rep);

@@ -98,6 +98,8 @@ public:
     void empty_cache() {
         if (alloc_) alloc_->empty_cache();
     }
+    bool watch_capacity(Bytes limit) { return alloc_ && alloc_->watch_capacity(limit); }
+    std::optional<CachingAllocator> take_watched() { return alloc_ ? alloc_->take_watched() : std::nullopt; }
 
     [[nodiscard]] Bytes allocated() const { return alloc_ ? alloc_->stats().allocated : live_; }
     [[nodiscard]] Bytes reserved() const { return alloc_ ? alloc_->stats().reserved : live_; }
@@ -228,6 +230,50 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     };
     res.events = trace.full_events();
 
+    // ReplayOptions::oom_capacity: watched until the allocator hands over its
+    // state at the first cudaMalloc past it, then the limited replay runs on
+    // from that event against the copy, reading the live tensors of this
+    // replay as they were before it (`live`, untouched meanwhile) under its
+    // own allocations and frees since.
+    enum class Watch : std::uint8_t { Off, On, Crossed };
+    Watch watch = opt.oom_capacity > Bytes(0) && trace.cuts.empty() && model.watch_capacity(opt.oom_capacity) ? Watch::On : Watch::Off;
+    auto run_limited = [&](CachingAllocator& lim, std::int64_t from) {
+        std::unordered_map<std::int64_t, BlockHandle> added;
+        std::unordered_set<std::int64_t> removed;
+        auto live_before = [&](std::int64_t id) -> const Live* { return removed.count(id) ? nullptr : live.find(id); };
+        for (std::int64_t k = from; k < n; ++k) {
+            check_budget();
+            const TraceEvent& x = ev[static_cast<std::size_t>(k)];
+            switch (x.kind) {
+                case TraceEvent::Kind::Alloc: {
+                    if (added.count(x.id) || live_before(x.id)) break;  // still live: ignored, as below
+                    const AllocResult r = lim.malloc(x.size, x.stream);
+                    if (!r.ok) {
+                        res.at_capacity_known = true;
+                        res.at_capacity_oom = r.oom;
+                        res.at_capacity_oom_event = k;
+                        return;
+                    }
+                    added.emplace(x.id, r.handle);
+                    break;
+                }
+                case TraceEvent::Kind::Free: {
+                    if (auto it = added.find(x.id); it != added.end()) {
+                        lim.free(it->second);
+                        added.erase(it);
+                    } else if (const Live* l = live_before(x.id)) {
+                        lim.free(l->handle);
+                        removed.insert(x.id);
+                    }
+                    break;
+                }
+                case TraceEvent::Kind::EmptyCache: lim.empty_cache(); break;
+                case TraceEvent::Kind::PhaseMark: break;
+            }
+        }
+        // It fits once it frees its cache: not known here.
+    };
+
     bool stop = false;
     for (std::int64_t i = 0; i < n && !stop; ++i) {
         check_budget();
@@ -258,6 +304,14 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                     break;
                 }
                 auto h = model.malloc(e.size, e.stream);
+                if (watch == Watch::On) {
+                    if (auto lim = model.take_watched()) {
+                        watch = Watch::Crossed;
+                        run_limited(*lim, i);
+                    } else if (!h) {
+                        watch = Watch::Crossed;  // fails without a limit too: the limited replay fails earlier or here
+                    }
+                }
                 if (!h) {
                     ++res.failed_allocs;
                     failed.insert(e.id);
@@ -338,6 +392,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     res.final_allocated = model.allocated();
     res.final_reserved = model.reserved();
     res.allocator = model.stats();
+    if (watch == Watch::On && !stop) res.at_capacity_known = true;  // never past it: the same replay
 
     // --- timeline: merge, keep the peaks, at most max_points.
     if (max_points > 0 && n > 0) {

@@ -127,6 +127,20 @@ public:
     void free(BlockHandle h);
     void empty_cache();
     void reset_peaks();
+    // Capacity watch: a replay without limit that also tells where a replay
+    // against `limit` would run out of memory (sim/trace.hpp
+    // ReplayOptions::oom_capacity). The allocator keeps a copy of its state
+    // from just before the first cudaMalloc that would take reserved above
+    // `limit`, with `limit` as its capacity: take_watched() hands it over
+    // (once). Up to that cudaMalloc both runs made the same moves: the
+    // capacity decides nothing else where neither expandable segments (their
+    // address space is sized from it) nor garbage collection (its threshold
+    // is a fraction of it) is set; with either, watch_capacity refuses (false).
+    bool watch_capacity(Bytes limit);
+    // Whether the capacity decides nothing but whether cudaMalloc succeeds
+    // under these settings (what watch_capacity needs).
+    [[nodiscard]] static bool capacity_only_limits(const AllocatorConfig& cfg);
+    std::optional<CachingAllocator> take_watched();
 
     [[nodiscard]] const AllocatorStats& stats() const;
     [[nodiscard]] Bytes largest_free_block() const;   // largest cached (free) block
@@ -148,6 +162,7 @@ public:
 
 private:
     struct Impl;
+    explicit CachingAllocator(Impl* impl);
     Impl* impl_;
 };
 

@@ -77,6 +77,14 @@ struct ReplayOptions {
     // this many rows (the rows left out repeat the ones shown): a job of 10^6
     // micro-batches would otherwise list millions.
     std::int64_t max_cut_phase_rows = 2048;
+    // Also tell, in the same pass, what a replay against this capacity with
+    // stop_at_oom would give (0: not asked): ReplayResult::at_capacity_*.
+    // For a replay with more capacity than this (a caller that wants both
+    // "where would it fail on this GPU" and "what does it need"). Up to the
+    // first cudaMalloc that would pass this capacity the two replays make the
+    // same moves; from there the allocator's state is copied and the limited
+    // replay runs on to its out-of-memory (CachingAllocator::watch_capacity).
+    Bytes oom_capacity;
 };
 
 struct TimelinePoint {
@@ -129,6 +137,16 @@ struct ReplayResult {
     std::int64_t unknown_frees = 0;        // frees of ids never allocated (or already freed): ignored
     std::int64_t duplicate_allocs = 0;     // allocs of an id that is still live: ignored
     AllocatorStats allocator;
+    // ReplayOptions::oom_capacity. Known: a replay against that capacity runs
+    // out of memory at at_capacity_oom_event with at_capacity_oom, or, with no
+    // at_capacity_oom, never needs more than it and gives this result. Not
+    // known (the caching allocator model with expandable segments or garbage
+    // collection, no allocator model, steady-state cuts, an allocation that
+    // fails here too, a limited replay that fits once it frees its cache):
+    // replay against the capacity to know.
+    bool at_capacity_known = false;
+    std::optional<OomInfo> at_capacity_oom;
+    std::int64_t at_capacity_oom_event = -1;
 };
 
 ReplayResult replay(const Trace& trace, const ReplayOptions& opt);
