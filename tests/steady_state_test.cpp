@@ -39,14 +39,10 @@ bool was_cut(const EstimateRequest& r) {
     return !sim::build_step_trace(g, job, so).trace.cuts.empty();
 }
 
-// One GPU looks for its steady state from this many micro-batches on
-// (sim/step_pipeline.cpp: below it a whole schedule costs less).
-constexpr std::int64_t kLongSingle = 24;
-
 void expect_same(const EstimateRequest& r, int& cut, int& total, int* long_single = nullptr) {
     const std::string a = json_of(r, false), b = json_of(r, true);
     ++total;
-    if (r.parallel.pp == 1 && r.grad_accum >= kLongSingle) {
+    if (r.parallel.pp == 1 && r.grad_accum >= sim::kDetectMinMicroBatches) {
         if (long_single) ++*long_single;
         if (was_cut(r)) ++cut;
     }

@@ -169,26 +169,22 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             // trace without cuts or approximation does not depend on the
             // replay settings it was built with.
             const bool trace_neutral = run.trace.trace.cuts.empty() && !run.trace.approximate;
-            bool answered = false;
             std::optional<sim::ReplayResult> unlimited;
             if (pytorch && trace_neutral && sim::CachingAllocator::capacity_only_limits(ro.config)) {
                 sim::ReplayOptions un = ro;
                 un.capacity = Bytes(INT64_MAX / 4);
                 un.stop_at_oom = false;
                 un.oom_capacity = capacity;
-                sim::ReplayResult rep = sim::replay(run.trace.trace, un);
-                if (rep.at_capacity_known) {
-                    if (rep.at_capacity_oom) note_oom(*rep.at_capacity_oom, rep.at_capacity_oom_event);
-                    run.rep = std::move(rep);
-                    answered = true;
-                } else {
-                    unlimited = std::move(rep);  // what it needs, if the replay against the GPU fails
-                }
+                unlimited = sim::replay(run.trace.trace, un);
             }
-            // Otherwise: against the GPU (the answer when it fits), then,
-            // when it does not, without a limit to report what it needs (a
-            // trace with cuts is built again for those settings).
-            if (!answered) {
+            if (unlimited && unlimited->at_capacity_known) {
+                if (unlimited->at_capacity_oom) note_oom(*unlimited->at_capacity_oom, unlimited->at_capacity_oom_event);
+                run.rep = std::move(*unlimited);
+            } else {
+                // Otherwise: against the GPU (the answer when it fits), then,
+                // when it does not, what it needs: the replay without a limit
+                // already made, or made now (a trace with cuts is built again
+                // for those settings).
                 run.rep = sim::replay(run.trace.trace, ro);
                 if (run.rep.oom) {
                     note_oom(*run.rep.oom, run.rep.oom_event);

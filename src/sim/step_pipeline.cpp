@@ -356,10 +356,10 @@ void StepBuilder::run() {
     //   14 ms whole; grad-accum 48 16 ms / 7 ms / 40 ms vs 49 ms / 18 ms / 72 ms).
     // StepTraceOptions::detect_always overrides both (run_builder's second
     // try when the whole schedule would exceed kMaxTraceEvents).
-    constexpr std::int64_t kDetectMinMicroBatches = 24;
+    const bool can_detect = steady && n_ops > warm + 4;
     const bool worth = pp_ == 1 ? m >= kDetectMinMicroBatches : n_ops > warm + window && m_cut < m;
-    const bool detect = steady && n_ops > warm + 4 && (worth || opt_.detect_always);
-    skipped_detection_ = steady && n_ops > warm + 4 && !detect;
+    const bool detect = can_detect && (worth || opt_.detect_always);
+    skipped_detection_ = can_detect && !detect;
     std::optional<StateProbe> probe;
     if (detect) {
         probe.emplace(*opt_.steady_state);

@@ -44,6 +44,10 @@
 
 namespace gpumem::sim {
 
+// One GPU looks for the steady state of gradient accumulation from this many
+// micro-batches on; below it a whole schedule costs less (sim/step_pipeline.cpp).
+inline constexpr std::int64_t kDetectMinMicroBatches = 24;
+
 struct StepTraceOptions {
     int steps = 2;                  // training steps to simulate (first + steady state)
     bool cublas_workspaces = true;  // allocate workspaces through the allocator
@@ -66,7 +70,8 @@ struct StepTraceOptions {
     const ReplayOptions* steady_state = nullptr;
     // Look for the steady state even where the schedule is short enough to
     // simulate whole for less (sim/step_pipeline.cpp: a pipeline whose
-    // operations fit in the detection window, one GPU below 24 micro-batches).
+    // operations fit in the detection window, one GPU below
+    // kDetectMinMicroBatches).
     bool detect_always = false;
     // Distributed layouts: simulate one GPU of pipeline stage `stage` (the
     // analytic model's stage assignment and activation scaling).
