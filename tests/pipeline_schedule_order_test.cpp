@@ -55,3 +55,83 @@ TEST(PipelineScheduleOrder, MatchesMegatronsFormulas) {
                     }
                 }
 }
+
+// pipeline_schedule_runs expands to pipeline_schedule's order of forwards and
+// backwards and their chunks.
+TEST(PipelineScheduleOrder, RunsExpandToTheSchedule) {
+    for (std::int64_t pp = 1; pp <= 9; ++pp)
+        for (std::int64_t vpp = 1; vpp <= 5; ++vpp)
+            for (std::int64_t m = 1; m <= 60; m += (m < 12 ? 1 : 7))
+                for (std::int64_t rank = 0; rank < pp; ++rank) {
+                    std::vector<std::pair<bool, std::int64_t>> expanded;
+                    for (const PipelineRun& run : pipeline_schedule_runs(pp, vpp, m, rank)) {
+                        ASSERT_GT(run.count, 0);
+                        for (std::int64_t k = 0; k < run.count; ++k) {
+                            if (run.fwd >= 0) expanded.emplace_back(true, run.fwd);
+                            if (run.bwd >= 0) expanded.emplace_back(false, run.bwd);
+                        }
+                    }
+                    const std::vector<PipelineOp> ops = pipeline_schedule(pp, vpp, m, rank);
+                    ASSERT_EQ(expanded.size(), ops.size()) << pp << " " << vpp << " " << m << " " << rank;
+                    for (std::size_t i = 0; i < ops.size(); ++i) {
+                        ASSERT_EQ(expanded[i].first, ops[i].forward) << pp << " " << vpp << " " << m << " " << rank << " op " << i;
+                        ASSERT_EQ(expanded[i].second, ops[i].chunk) << pp << " " << vpp << " " << m << " " << rank << " op " << i;
+                    }
+                }
+}
+
+// The walk run by run (units between a run's second and last skipped) finds
+// what the walk op by op finds, on generated loads: sizes drawn from a few
+// values so that ties between forwards occur, zero loads, every chunk alike
+// or not, gradients held throughout or made by the first backward, rank 0
+// (the embedding's backwards) or not.
+TEST(PipelineScheduleOrder, WalkByRunsEqualsWalkByOps) {
+    std::uint64_t state = 0x9e3779b97f4a7c15ULL;
+    auto next = [&](std::uint64_t n) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        return state % n;
+    };
+    int walks = 0, skipped = 0;
+    for (std::int64_t pp = 1; pp <= 8; ++pp)
+        for (std::int64_t vpp = 1; vpp <= 4; ++vpp)
+            for (std::int64_t m : {1, 2, 3, 5, 8, 13, 24, 40})
+                for (std::int64_t rank = 0; rank < pp; ++rank)
+                    for (int draw = 0; draw < 3; ++draw) {
+                        const auto n = static_cast<std::size_t>(vpp);
+                        const bool alike = next(3) == 0;
+                        std::vector<Bytes> act(n), nl(n), gather(n), grad(n), tail(n);
+                        for (std::size_t c = 0; c < n; ++c) {
+                            const std::size_t src = alike ? 0 : c;
+                            if (src < c) {
+                                act[c] = act[src], nl[c] = nl[src], gather[c] = gather[src], grad[c] = grad[src], tail[c] = tail[src];
+                                continue;
+                            }
+                            act[c] = Bytes(static_cast<std::int64_t>(next(4)) * 1000);
+                            nl[c] = Bytes(std::min<std::int64_t>(act[c].count(), static_cast<std::int64_t>(next(3)) * 400));
+                            gather[c] = Bytes(static_cast<std::int64_t>(next(3)) * 500);
+                            grad[c] = Bytes(static_cast<std::int64_t>(next(4)) * 700);
+                            tail[c] = Bytes(std::min<std::int64_t>(grad[c].count(), static_cast<std::int64_t>(next(3)) * 300));
+                        }
+                        ScheduleLoads in;
+                        in.act = act;
+                        in.nl = nl;
+                        in.gather = gather;
+                        in.grad = grad;
+                        in.tail_grad = tail;
+                        for (const Bytes& g : grad) in.all_grads += g;
+                        in.always_grads = next(2) == 0;
+                        in.embedding_rank = rank == 0 || next(4) == 0;
+                        const auto runs = pipeline_schedule_runs(pp, vpp, m, rank);
+                        const ScheduleWalk want = walk_schedule(in, pipeline_schedule(pp, vpp, m, rank));
+                        const ScheduleWalk got = walk_schedule(in, runs);
+                        ++walks;
+                        for (const auto& r : runs) skipped += r.count > 3 ? 1 : 0;
+                        ASSERT_EQ(got, want) << "pp " << pp << " vpp " << vpp << " m " << m << " rank " << rank << " draw " << draw << ": peak "
+                                             << got.act_peak.count() << " vs " << want.act_peak.count() << ", in flight " << got.inflight_peak << " vs "
+                                             << want.inflight_peak << ", end " << got.end_base.count() << " vs " << want.end_base.count();
+                    }
+    EXPECT_GT(walks, 2000);
+    EXPECT_GT(skipped, 1000);  // the grid reaches runs long enough to skip units
+}

@@ -509,65 +509,31 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
 
         // ---- schedule: activations in flight -----------------------------------------
         const std::int64_t m_sim = pipeline_steady_micro_batches(p, vpp, m, r);
-        Bytes act_peak, kept_gather;  // activations and SHARD_GRAD_OP's kept parameters in flight at the peak
-        Bytes act_nl_peak;            // the part of act_peak outside the transformer layers
-        std::int64_t inflight_peak = 0;
-        // Walk the schedule: activations (and SHARD_GRAD_OP's parameters) of the
-        // forwards not yet backwarded, and the gradients of the chunks that have
-        // run a backward (kept between micro-batches), at their largest sum.
-        // After each backward: what stays (end_base; the embedding chunk's
-        // first backward of the step apart, its gradient being new then).
-        Bytes g_at_peak, end_base, end_emb_new, end_emb_acc, end_first_layer;
-        bool end_emb_new_seen = false, end_emb_acc_seen = false;
+        // Walk the schedule (walk_schedule, run by run): activations (and
+        // SHARD_GRAD_OP's parameters) of the forwards not yet backwarded, and
+        // the gradients of the chunks that have run a backward (kept between
+        // micro-batches), at their largest sum (act_peak: activations,
+        // act_nl_peak: their part outside the transformer layers, kept_gather:
+        // SHARD_GRAD_OP's kept parameters). After each backward: what stays
+        // (end_base; the embedding chunk's first backward of the step apart,
+        // its gradient being new then).
+        ScheduleWalk walk;
         if (job.train && graph) {
-            Bytes cur, cur_gather, g_present, cur_nl;
-            std::int64_t n_in = 0;
-            std::vector<char> done(static_cast<std::size_t>(vpp), 0);
-            bool first = true;
-            const bool always_g = job.req.zero_grad == ZeroGrad::Zero || grad_buffer;
-            for (const PipelineOp& op : pipeline_schedule(p, vpp, m_sim, r)) {
-                const auto ch = static_cast<std::size_t>(op.chunk);
-                if (!op.forward) {
-                    const bool was_done = done[ch] != 0;
-                    const Bytes after = cur - chunk_act[ch] + cur_gather - chunk_gather[ch] + (always_g ? G : g_present + (was_done ? Bytes(0) : chunk_grad[ch]));
-                    end_base = max(end_base, after);
-                    // The chunk's first layer, backwarded last: every other
-                    // gradient of the chunk exists (new ones on its first backward).
-                    end_first_layer = max(end_first_layer, after - (was_done || always_g ? Bytes(0) : chunk_tail_grad[ch]));
-                    if (ch == 0 && r == 0) {
-                        if (was_done || always_g) {
-                            end_emb_acc = max(end_emb_acc, after);
-                            end_emb_acc_seen = true;
-                        } else {
-                            end_emb_new = max(end_emb_new, after);
-                            end_emb_new_seen = true;
-                        }
-                    }
-                }
-                if (op.forward) {
-                    cur += chunk_act[ch];
-                    cur_nl += chunk_nl[ch];
-                    cur_gather += chunk_gather[ch];
-                    ++n_in;
-                    const Bytes total = cur + cur_gather + g_present, best = act_peak + kept_gather + g_at_peak;
-                    if (first || total > best || (total == best && n_in > inflight_peak)) {
-                        first = false;
-                        act_peak = cur;
-                        act_nl_peak = cur_nl;
-                        kept_gather = cur_gather;
-                        g_at_peak = g_present;
-                        inflight_peak = n_in;
-                    }
-                } else {
-                    cur -= chunk_act[ch];
-                    cur_nl -= chunk_nl[ch];
-                    cur_gather -= chunk_gather[ch];
-                    --n_in;
-                    if (!done[ch]) g_present += chunk_grad[ch];
-                    done[ch] = 1;
-                }
-            }
+            ScheduleLoads loads;
+            loads.act = chunk_act;
+            loads.nl = chunk_nl;
+            loads.gather = chunk_gather;
+            loads.grad = chunk_grad;
+            loads.tail_grad = chunk_tail_grad;
+            loads.all_grads = G;
+            loads.always_grads = job.req.zero_grad == ZeroGrad::Zero || grad_buffer;
+            loads.embedding_rank = r == 0;
+            walk = walk_schedule(loads, pipeline_schedule_runs(p, vpp, m_sim, r));
         }
+        const Bytes act_peak = walk.act_peak, kept_gather = walk.kept_gather, act_nl_peak = walk.act_nl_peak, g_at_peak = walk.g_at_peak;
+        const Bytes end_base = walk.end_base, end_emb_new = walk.end_emb_new, end_emb_acc = walk.end_emb_acc, end_first_layer = walk.end_first_layer;
+        const bool end_emb_new_seen = walk.end_emb_new_seen, end_emb_acc_seen = walk.end_emb_acc_seen;
+        const std::int64_t inflight_peak = walk.inflight_peak;
         sm.activations = act_peak;
         sm.activations_at_peak = act_peak;
         sm.in_flight = std::max<std::int64_t>(1, inflight_peak);

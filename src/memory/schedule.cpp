@@ -68,6 +68,150 @@ std::vector<PipelineOp> pipeline_schedule(std::int64_t pp, std::int64_t vpp, std
     return ops;
 }
 
+std::vector<PipelineRun> pipeline_schedule_runs(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank) {
+    vpp = std::max<std::int64_t>(1, vpp);
+    pp = std::max<std::int64_t>(1, pp);
+    const std::int64_t total = checked_mul(m, vpp);
+    const std::int64_t warm = pipeline_warmup(pp, vpp, m, rank);
+    // pipeline_schedule's cursors, advanced a run at a time: the chunk changes
+    // when k % pp wraps.
+    struct Cursor {
+        std::int64_t pp, vpp;
+        bool forward;
+        std::int64_t in_pp = 0, chunk = 0;
+        [[nodiscard]] std::int64_t left() const { return pp - in_pp; }
+        [[nodiscard]] std::int64_t now() const { return forward ? chunk : vpp - 1 - chunk; }
+        void advance(std::int64_t n) {  // n <= left()
+            in_pp += n;
+            if (in_pp == pp) {
+                in_pp = 0;
+                if (++chunk == vpp) chunk = 0;
+            }
+        }
+    };
+    Cursor fwd{pp, vpp, true}, bwd{pp, vpp, false};
+    std::vector<PipelineRun> runs;
+    auto push = [&](std::int64_t f, std::int64_t b, std::int64_t n) {
+        if (!runs.empty() && runs.back().fwd == f && runs.back().bwd == b) runs.back().count += n;
+        else runs.push_back({f, b, n});
+    };
+    for (std::int64_t left = warm; left > 0;) {
+        const std::int64_t n = std::min(left, fwd.left());
+        push(fwd.now(), -1, n);
+        fwd.advance(n);
+        left -= n;
+    }
+    for (std::int64_t left = total - warm; left > 0;) {
+        const std::int64_t n = std::min({left, fwd.left(), bwd.left()});
+        push(fwd.now(), bwd.now(), n);
+        fwd.advance(n);
+        bwd.advance(n);
+        left -= n;
+    }
+    for (std::int64_t left = warm; left > 0;) {
+        const std::int64_t n = std::min(left, bwd.left());
+        push(-1, bwd.now(), n);
+        bwd.advance(n);
+        left -= n;
+    }
+    return runs;
+}
+
+namespace {
+
+// One rank's walk: activations and gathered parameters in flight, gradients
+// present (each chunk's made by its first backward).
+struct Walker {
+    const ScheduleLoads& in;
+    ScheduleWalk out;
+    Bytes cur, cur_nl, cur_gather, g_present;
+    std::int64_t n_in = 0;
+    std::vector<char> done;
+    bool first = true;
+
+    explicit Walker(const ScheduleLoads& loads) : in(loads), done(loads.act.size(), 0) {}
+
+    void forward(std::size_t ch) {
+        cur += in.act[ch];
+        cur_nl += in.nl[ch];
+        cur_gather += in.gather[ch];
+        ++n_in;
+        const Bytes total = cur + cur_gather + g_present, best = out.act_peak + out.kept_gather + out.g_at_peak;
+        if (first || total > best || (total == best && n_in > out.inflight_peak)) {
+            first = false;
+            out.act_peak = cur;
+            out.act_nl_peak = cur_nl;
+            out.kept_gather = cur_gather;
+            out.g_at_peak = g_present;
+            out.inflight_peak = n_in;
+        }
+    }
+    void backward(std::size_t ch) {
+        const bool was_done = done[ch] != 0;
+        const Bytes after = cur - in.act[ch] + cur_gather - in.gather[ch] + (in.always_grads ? in.all_grads : g_present + (was_done ? Bytes(0) : in.grad[ch]));
+        out.end_base = max(out.end_base, after);
+        // The chunk's first layer, backwarded last: every other gradient of
+        // the chunk exists (new ones on its first backward).
+        out.end_first_layer = max(out.end_first_layer, after - (was_done || in.always_grads ? Bytes(0) : in.tail_grad[ch]));
+        if (ch == 0 && in.embedding_rank) {
+            if (was_done || in.always_grads) {
+                out.end_emb_acc = max(out.end_emb_acc, after);
+                out.end_emb_acc_seen = true;
+            } else {
+                out.end_emb_new = max(out.end_emb_new, after);
+                out.end_emb_new_seen = true;
+            }
+        }
+        cur -= in.act[ch];
+        cur_nl -= in.nl[ch];
+        cur_gather -= in.gather[ch];
+        --n_in;
+        if (!was_done) g_present += in.grad[ch];
+        done[ch] = 1;
+    }
+};
+
+}  // namespace
+
+ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineOp>& ops) {
+    Walker w(in);
+    for (const PipelineOp& op : ops) {
+        const auto ch = static_cast<std::size_t>(op.chunk);
+        if (op.forward) w.forward(ch);
+        else w.backward(ch);
+    }
+    return w.out;
+}
+
+ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineRun>& runs) {
+    Walker w(in);
+    for (const PipelineRun& run : runs) {
+        const auto f = static_cast<std::size_t>(run.fwd), b = static_cast<std::size_t>(run.bwd);
+        auto unit = [&] {
+            if (run.fwd >= 0) w.forward(f);
+            if (run.bwd >= 0) w.backward(b);
+        };
+        if (run.count <= 3) {
+            for (std::int64_t k = 0; k < run.count; ++k) unit();
+            continue;
+        }
+        // The first unit may create the backward chunk's gradients; from the
+        // second on each unit moves the amounts by the same step, so the
+        // values units 3 .. count-1 measure lie between the second's and the
+        // last's (forward peaks: ordered by (total, in flight), both linear).
+        unit();
+        unit();
+        const std::int64_t skip = run.count - 3;
+        const Bytes zero;
+        w.cur += ((run.fwd >= 0 ? in.act[f] : zero) - (run.bwd >= 0 ? in.act[b] : zero)) * skip;
+        w.cur_nl += ((run.fwd >= 0 ? in.nl[f] : zero) - (run.bwd >= 0 ? in.nl[b] : zero)) * skip;
+        w.cur_gather += ((run.fwd >= 0 ? in.gather[f] : zero) - (run.bwd >= 0 ? in.gather[b] : zero)) * skip;
+        w.n_in = checked_add(w.n_in, checked_mul((run.fwd >= 0 ? 1 : 0) - (run.bwd >= 0 ? 1 : 0), skip));
+        unit();
+    }
+    return w.out;
+}
+
 std::int64_t pipeline_steady_micro_batches(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank) {
     // After the warm-up, the first backward creates the gradients and the
     // second accumulates into them; from the third on each steady-state step

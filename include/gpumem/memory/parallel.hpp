@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,47 @@ struct PipelineOp {
 // min((pp - rank - 1) * 2 + (vpp - 1) * pp, m * vpp) model chunks.
 std::int64_t pipeline_warmup(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank);
 std::vector<PipelineOp> pipeline_schedule(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank);
+// The same schedule as runs: `count` repetitions of one unit, a forward of
+// model chunk `fwd` (when >= 0) then a backward of chunk `bwd` (when >= 0).
+// Chunks change every pp forwards (backwards), so a rank's schedule is
+// O(m vpp / pp) runs where it is O(m vpp) ops.
+struct PipelineRun {
+    std::int64_t fwd = -1, bwd = -1, count = 0;
+};
+std::vector<PipelineRun> pipeline_schedule_runs(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank);
+
+// ---- one rank's schedule walked -----------------------------------------------
+// What a forward of model chunk ch adds until its backward (act; nl: the part
+// outside the transformer layers; gather: SHARD_GRAD_OP's kept parameters)
+// and the gradients the chunk's first backward creates (grad; tail_grad: those
+// of the chunk's first layer, backwarded last). parallel_memory walks each
+// rank's schedule over these to find the peak of activations in flight and
+// what is held after each backward.
+struct ScheduleLoads {
+    std::span<const Bytes> act, nl, gather, grad, tail_grad;
+    Bytes all_grads;         // every gradient of the rank (held throughout when always_grads)
+    bool always_grads = false;
+    bool embedding_rank = false;  // rank 0: chunk 0's backwards end at the embedding
+};
+struct ScheduleWalk {
+    // At the forward where activations + gathered parameters + kept gradients
+    // peak (the first such forward; among equals, the one with more in flight).
+    Bytes act_peak, act_nl_peak, kept_gather, g_at_peak;
+    std::int64_t inflight_peak = 0;
+    // The largest held after a backward; without the chunk's first layer's
+    // new gradients; after the embedding's backward (new or accumulated gradient).
+    Bytes end_base, end_first_layer, end_emb_new, end_emb_acc;
+    bool end_emb_new_seen = false, end_emb_acc_seen = false;
+    friend bool operator==(const ScheduleWalk&, const ScheduleWalk&) = default;
+};
+// Op by op (the definition).
+ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineOp>& ops);
+// Run by run, the same answer: within a run after its first unit nothing
+// changes but the amounts in flight, each by the same step per unit, so every
+// value measured is linear in the unit's index and its largest (first
+// largest) is at the run's second or last unit; the units in between are
+// skipped. O(runs) instead of O(ops).
+ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineRun>& runs);
 // Micro-batches after which a rank's schedule only repeats itself: every
 // later micro-batch allocates and frees exactly what an earlier one did, so
 // the memory of m and of min(m, this) micro-batches is the same. Both the
