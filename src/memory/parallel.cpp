@@ -92,6 +92,25 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     }
     auto rank_v = [&](std::int32_t v) { return rank_of[static_cast<std::size_t>(v)]; };
     auto chunk_v = [&](std::int32_t v) { return chunk_of[static_cast<std::size_t>(v)]; };
+    // Every block instance in model order, listed by virtual stage and by
+    // rank (its block, virtual stage, and the checkpointable instances before
+    // it): each rank below reads its own instances rather than scanning all
+    // of them (O(L) per estimate, not O(pp vpp L): a 405B plan's layouts).
+    struct Instance {
+        std::int32_t block, v;
+        std::int64_t layer;
+    };
+    std::vector<std::vector<Instance>> on_stage(static_cast<std::size_t>(stages_named)), on_rank(static_cast<std::size_t>(p));
+    {
+        std::int64_t layer = 0;
+        for (std::size_t bi = 0; bi < res.instance_stage.size() && bi < g.blocks.size(); ++bi)
+            for (auto v : res.instance_stage[bi]) {
+                const Instance in{static_cast<std::int32_t>(bi), v, layer};
+                on_stage[static_cast<std::size_t>(v)].push_back(in);
+                on_rank[static_cast<std::size_t>(rank_v(v))].push_back(in);
+                if (g.blocks[bi].checkpointable) ++layer;
+            }
+    }
 
     // ---- activations of one micro-batch on one rank ---------------------------------
     // job.actx describes this rank's share: seq / cp tokens, tensors split over
@@ -183,26 +202,34 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
 
     std::vector<std::vector<RankTensor>>& stage_tensors = res.stage_tensors;  // per stage, for the offload rows below and the load phase
     stage_tensors.reserve(static_cast<std::size_t>(p));
+    res.stages.reserve(static_cast<std::size_t>(p));
     // A model chunk's saved activations depend only on its block instances
     // and whether its input requires grad: the chunks of the ranks in between
     // are alike, so each distinct chunk is computed once (pp x vpp calls were
     // half of a 405B plan's analytic search), its block walks from `memo`.
     std::map<std::pair<std::vector<std::int64_t>, bool>, ActivationResult> chunk_activations;
+    std::pair<std::vector<std::int64_t>, bool> chunk_key;  // reused: a lookup allocates nothing
     auto chunk_saved = [&](const std::vector<std::int64_t>& inst, bool input_rg) -> const ActivationResult& {
-        auto key = std::make_pair(inst, input_rg);
-        auto it = chunk_activations.find(key);
-        if (it == chunk_activations.end()) it = chunk_activations.emplace(std::move(key), saved_activations(g, ctx, &inst, input_rg, memo)).first;
+        chunk_key.first.assign(inst.begin(), inst.end());
+        chunk_key.second = input_rg;
+        auto it = chunk_activations.find(chunk_key);
+        if (it == chunk_activations.end()) it = chunk_activations.emplace(chunk_key, saved_activations(g, ctx, &inst, input_rg, memo)).first;
         return it->second;
     };
+    // Per-rank scratch, sized once (the rank loop ran ~70 allocations a rank).
+    std::vector<std::int64_t> rank_inst, chunk_inst;
+    std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad;
+    std::vector<Bytes> gather_of, grad_of, kept_grad_of, seq_sizes;
+    std::vector<int> seq_kind;
     for (std::int64_t r = 0; r < p; ++r) {
         StageMemory sm;
         sm.stage = r;
-        stage_tensors.push_back(rank_tensors(g, job, res.instance_stage, r));
-        const std::vector<RankTensor>& tensors = stage_tensors.back();
+        const std::vector<Instance>& mine = on_rank[static_cast<std::size_t>(r)];
         // Each block's instances on this rank (all its model chunks), counted once.
-        std::vector<std::int64_t> rank_inst(g.blocks.size(), 0);
-        for (std::size_t bi = 0; bi < res.instance_stage.size() && bi < rank_inst.size(); ++bi)
-            for (auto v : res.instance_stage[bi]) rank_inst[bi] += rank_v(v) == r ? 1 : 0;
+        rank_inst.assign(g.blocks.size(), 0);
+        for (const Instance& in : mine) ++rank_inst[static_cast<std::size_t>(in.block)];
+        stage_tensors.push_back(rank_tensors(g, job, rank_inst, r));
+        const std::vector<RankTensor>& tensors = stage_tensors.back();
         // ---- model states ----------------------------------------------------------
         // Rounding: the allocator blocks of these persistent tensors exceed their
         // bytes (memory/blocks.hpp); kept apart so that the states stay exact.
@@ -231,19 +258,18 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 M += dtype_bytes(DType::F32, oe) * rt.copies;
                 round_states += rounding(dtype_bytes(DType::F32, oe), rt.copies);
             }
-            const TrainTensor tt = state_tensor(g, rt, shard_opt, t);
+            TrainTensor tt = state_tensor(g, rt, shard_opt, t);
             // Paged optimizers: the managed-memory part is outside the allocator.
             const Bytes paged = paged_state_bytes(job.req.optimizer, tt);
             O += optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged;
             P += paged;
-            round_states += rounding(optimizer_bytes(job.req.optimizer, TrainTensor{tt.shape, 1}, job.state_dt) -
-                                         paged_state_bytes(job.req.optimizer, TrainTensor{tt.shape, 1}),
-                                     rt.copies);
+            tt.count = 1;  // one copy of the tensor from here on
+            round_states += rounding(optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged_state_bytes(job.req.optimizer, tt), rt.copies);
             // One tensor's gradient and update in flight (unsharded gradients:
             // its own; sharded: per layer below).
             if (inbwd && !shard_grads) {
                 Bytes& slot = inbwd_slot(rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
-                slot = max(slot, in_backward_step(job, TrainTensor{tt.shape, 1}, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
+                slot = max(slot, in_backward_step(job, tt, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
             }
             opt_elems = checked_add(opt_elems, checked_mul(oe, rt.copies));
             largest_opt = std::max(largest_opt, oe);
@@ -273,9 +299,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         // ---- contents and activations per chunk --------------------------------------
         // chunk_nl: the part of chunk_act outside the transformer layers
         // (embeddings, output layer and loss): Megatron's CUDA graphs leave it eager.
-        std::vector<Bytes> chunk_nl(static_cast<std::size_t>(vpp));
-        std::vector<Bytes> chunk_act(static_cast<std::size_t>(vpp)), chunk_gather(static_cast<std::size_t>(vpp)), chunk_grad(static_cast<std::size_t>(vpp)),
-            chunk_tail_grad(static_cast<std::size_t>(vpp));
+        for (auto* v : {&chunk_nl, &chunk_act, &chunk_gather, &chunk_grad, &chunk_tail_grad}) v->assign(static_cast<std::size_t>(vpp), Bytes(0));
         bool embeddings = false, head = false, has_layers = false;
         std::int64_t first_layer = -1, layers = 0;
         // Gathered parameters / unsharded gradients at the layers (`_max`), the
@@ -288,33 +312,27 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         Bytes held_quant;  // the head chunk's 4-bit inputs a held graph keeps (BlockActivations::quant_held)
         std::string ranges;  // "0-3, 16-19": the layers of each model chunk
         {
-            std::int64_t layer = 0, run_start = -1, run_end = -1;
+            std::int64_t run_start = -1, run_end = -1;
             auto close_run = [&] {
                 if (run_start < 0) return;
                 ranges += (ranges.empty() ? "" : ", ") + std::to_string(run_start) + (run_end > run_start ? "-" + std::to_string(run_end) : "");
                 run_start = -1;
             };
-            for (std::size_t bi = 0; bi < g.blocks.size() && graph; ++bi) {
-                const Block& b = g.blocks[bi];
-                for (std::int64_t k = 0; k < b.repeat; ++k) {
-                    const std::int32_t v = res.instance_stage[bi][static_cast<std::size_t>(k)];
-                    if (rank_v(v) == r) {
-                        if (b.checkpointable) {
-                            if (first_layer < 0) first_layer = layer;
-                            ++layers;
-                            has_layers = true;
-                            if (run_start >= 0 && run_end == layer - 1) run_end = layer;
-                            else {
-                                close_run();
-                                run_start = run_end = layer;
-                            }
-                        } else if (layer == 0) {
-                            embeddings = true;
-                        } else {
-                            head = head || bi + 1 == g.blocks.size();
-                        }
+            for (const Instance& in : mine) {
+                const std::int64_t layer = in.layer;
+                if (g.blocks[static_cast<std::size_t>(in.block)].checkpointable) {
+                    if (first_layer < 0) first_layer = layer;
+                    ++layers;
+                    has_layers = true;
+                    if (run_start >= 0 && run_end == layer - 1) run_end = layer;
+                    else {
+                        close_run();
+                        run_start = run_end = layer;
                     }
-                    if (b.checkpointable) ++layer;
+                } else if (layer == 0) {
+                    embeddings = true;
+                } else {
+                    head = head || static_cast<std::size_t>(in.block) + 1 == g.blocks.size();
                 }
             }
             close_run();
@@ -326,19 +344,16 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         if (job.train && graph) {
             for (std::int64_t ch = 0; ch < vpp; ++ch) {
                 const std::int64_t v = ch * p + r;
-                std::vector<std::int64_t> inst(g.blocks.size(), 0);
-                bool any = false, starts_with_embeddings = false;
-                for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
-                    for (auto s : res.instance_stage[bi]) inst[bi] += s == v ? 1 : 0;
-                    if (inst[bi] > 0 && !any) starts_with_embeddings = !g.blocks[bi].checkpointable && bi == 0;
-                    any = any || inst[bi] > 0;
-                }
-                if (!any) continue;
-                const ActivationResult& a = chunk_saved(inst, v > 0 && !starts_with_embeddings);
+                const std::vector<Instance>& chunk = on_stage[static_cast<std::size_t>(v)];
+                if (chunk.empty()) continue;
+                chunk_inst.assign(g.blocks.size(), 0);
+                for (const Instance& in : chunk) ++chunk_inst[static_cast<std::size_t>(in.block)];
+                const bool starts_with_embeddings = chunk.front().block == 0 && !g.blocks.front().checkpointable;
+                const ActivationResult& a = chunk_saved(chunk_inst, v > 0 && !starts_with_embeddings);
                 Bytes sum, unsaved, nl, quant_held;
                 bool head_chunk = false;
                 for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
-                    if (inst[bi] == 0) continue;
+                    if (chunk_inst[bi] == 0) continue;
                     const BlockActivations& ba = a.blocks[bi];
                     sum += ba.total;
                     if (!g.blocks[bi].checkpointable) nl += ba.total;
@@ -367,7 +382,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // elements) within stage3_max_live_parameters (1e9). SHARD_GRAD_OP
             // keeps every gathered layer from its forward to its backward. A
             // layer's gradients exist unsharded until its reduce-scatter.
-            std::vector<Bytes> gather_of(g.blocks.size()), grad_of(g.blocks.size()), kept_grad_of(g.blocks.size());
+            for (auto* v : {&gather_of, &grad_of, &kept_grad_of}) v->assign(g.blocks.size(), Bytes(0));
             for (const auto& rt : tensors)
                 if (rt.block >= 0) {
                     const auto bi = static_cast<std::size_t>(rt.block);
@@ -404,20 +419,14 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                         slot = max(slot, slice + step_temporaries(job, TrainTensor{state_tensor(g, rt, shard_opt, t).shape, 1}));
                     }
             // Gradients each model chunk holds once it has run a backward.
-            for (std::size_t bi = 0; bi < g.blocks.size(); ++bi)
-                for (auto v : res.instance_stage[bi])
-                    if (rank_v(v) == r) chunk_grad[static_cast<std::size_t>(chunk_v(v))] += kept_grad_of[bi];
+            for (const Instance& in : mine) chunk_grad[static_cast<std::size_t>(chunk_v(in.v))] += kept_grad_of[static_cast<std::size_t>(in.block)];
             // Gradients a chunk's backward has yet to make when it reaches the
             // chunk's first layer (that layer's and the embedding's before it).
-            for (std::int64_t ch = 0; ch < vpp; ++ch) {
-                bool reached = false;
-                for (std::size_t bi = 0; bi < g.blocks.size() && !reached; ++bi)
-                    for (auto v : res.instance_stage[bi])
-                        if (v == ch * p + r && !reached) {
-                            chunk_tail_grad[static_cast<std::size_t>(ch)] += kept_grad_of[bi];
-                            reached = g.blocks[bi].checkpointable;
-                        }
-            }
+            for (std::int64_t ch = 0; ch < vpp; ++ch)
+                for (const Instance& in : on_stage[static_cast<std::size_t>(ch * p + r)]) {
+                    chunk_tail_grad[static_cast<std::size_t>(ch)] += kept_grad_of[static_cast<std::size_t>(in.block)];
+                    if (g.blocks[static_cast<std::size_t>(in.block)].checkpointable) break;
+                }
             // Per kind of block: the first (embeddings), the last (output layer,
             // loss) and the layers in between, each at its own moment of the step.
             auto kind_of = [&](std::size_t bi) { return bi == 0 ? 0 : (td && bi + 1 == g.blocks.size() ? 2 : 1); };
@@ -437,14 +446,12 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             if (zero3)
                 for (std::int64_t ch = 0; ch < vpp; ++ch) {
                     // The chunk's block instances in execution order.
-                    std::vector<Bytes> seq_sizes;
-                    std::vector<int> seq_kind;
-                    for (std::size_t bi = 0; bi < g.blocks.size(); ++bi)
-                        for (auto v : res.instance_stage[bi])
-                            if (v == ch * p + r) {
-                                seq_sizes.push_back(gather_of[bi]);
-                                seq_kind.push_back(kind_of(bi));
-                            }
+                    seq_sizes.clear();
+                    seq_kind.clear();
+                    for (const Instance& in : on_stage[static_cast<std::size_t>(ch * p + r)]) {
+                        seq_sizes.push_back(gather_of[static_cast<std::size_t>(in.block)]);
+                        seq_kind.push_back(kind_of(static_cast<std::size_t>(in.block)));
+                    }
                     Bytes kept;
                     for (std::size_t k = 0; k < seq_sizes.size(); ++k) {
                         const Bytes next = k + 1 < seq_sizes.size() ? seq_sizes[k + 1] : Bytes(0);
@@ -580,6 +587,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 Bytes layers;            // the transformer layers' part of act + tmp (Megatron's CUDA graph pool)
             };
             std::vector<Moment> moments;
+            moments.reserve(8);
             const Bytes layer_act_peak = act_peak - std::min(act_peak, act_nl_peak);
             // Forward start: the embedding's gathered parameters and the first layer's prefetch.
             // A loop that holds the logits holds the previous micro-batch's
@@ -841,7 +849,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             sm.forward_backward_peak = sm.allocated;
             sm.peak_phase = job.req.gen_len > 0 ? "decode" : "prefill";
         }
-        res.stages.push_back(sm);
+        res.stages.push_back(std::move(sm));
     }
     for (std::size_t i = 1; i < res.stages.size(); ++i)
         if (res.stages[i].allocated > res.stages[static_cast<std::size_t>(res.most_loaded)].allocated) res.most_loaded = static_cast<std::int64_t>(i);

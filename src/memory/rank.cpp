@@ -53,6 +53,15 @@ std::int64_t rank_param_elems(const Param& prm, std::int64_t tp) {
 
 std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const std::vector<std::vector<std::int32_t>>& instance_stage,
                                      std::int64_t rank) {
+    const std::int64_t pp = std::max<std::int64_t>(1, job.layout.cfg.pp);
+    const auto pp32 = static_cast<std::int32_t>(std::min<std::int64_t>(pp, std::numeric_limits<std::int32_t>::max()));
+    std::vector<std::int64_t> counts(g.blocks.size(), 0);
+    for (std::size_t bi = 0; bi < counts.size() && bi < instance_stage.size(); ++bi)
+        for (auto v : instance_stage[bi]) counts[bi] += (v % pp32) == rank ? 1 : 0;  // 32-bit: pp <= 2^20 (field limit)
+    return rank_tensors(g, job, counts, rank);
+}
+
+std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, std::span<const std::int64_t> instance_counts, std::int64_t rank) {
     const Layout& lay = job.layout;
     const ParallelConfig& c = lay.cfg;
     const std::int64_t pp = std::max<std::int64_t>(1, c.pp), tp = std::max<std::int64_t>(1, c.tp);
@@ -72,13 +81,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const 
     std::size_t param_tensors = 0;  // one entry each (LoRA adapters may add some)
     for (const Block& b : g.blocks) param_tensors += b.params.size();
     out.reserve(param_tensors + 1);
-    const auto pp32 = static_cast<std::int32_t>(std::min<std::int64_t>(pp, std::numeric_limits<std::int32_t>::max()));
-    auto instances = [&](std::size_t bi) {
-        std::int64_t n = 0;
-        if (bi < instance_stage.size())
-            for (auto v : instance_stage[bi]) n += (v % pp32) == rank ? 1 : 0;  // 32-bit: pp <= 2^20 (field limit)
-        return n;
-    };
+    auto instances = [&](std::size_t bi) { return bi < instance_counts.size() ? instance_counts[bi] : std::int64_t{0}; };
     const std::int32_t last_vstage = static_cast<std::int32_t>(std::max<std::int64_t>(1, lay.virtual_stages()) - 1);
     const std::int64_t first_rank = 0, last_rank = last_vstage % pp;
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {

@@ -293,6 +293,9 @@ std::vector<std::int64_t> rank_param_shape(const Param& prm, std::int64_t tp);
 // The parameter tensors of pipeline rank `rank` (all of them for one GPU).
 std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const std::vector<std::vector<std::int32_t>>& instance_stage,
                                      std::int64_t rank);
+// The same from the rank's instance count of each block (blocks[bi] runs
+// `instances[bi]` times on the rank), for callers that have counted them.
+std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, std::span<const std::int64_t> instances, std::int64_t rank);
 
 // Inference on one GPU (HF generate(): whole batch prefilled at once): the KV
 // cache of all layers, and the prefill temporaries of one layer: 4 hidden-size
