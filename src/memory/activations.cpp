@@ -292,7 +292,13 @@ std::int64_t weight_elements(const Block& b, const Op& op, std::int64_t tp, std:
 }
 
 std::vector<char> tp_split_flags(const Block& b) {
-    std::vector<char> split(b.tensors.size(), 0);
+    std::vector<char> split;
+    tp_split_flags(b, split);
+    return split;
+}
+
+void tp_split_flags(const Block& b, std::vector<char>& split) {
+    split.assign(b.tensors.size(), 0);
     for (const Op& op : b.ops) {
         bool any_in = false;
         for (auto t : op.inputs) any_in = any_in || split[static_cast<std::size_t>(t)];
@@ -308,7 +314,6 @@ std::vector<char> tp_split_flags(const Block& b) {
     }
     for (std::size_t i = 0; i < b.tensors.size(); ++i)
         if (b.tensors[i].alias_of >= 0) split[i] = split[static_cast<std::size_t>(b.tensors[i].alias_of)];
-    return split;
 }
 
 // An encoder-decoder model's decoder side runs --decoder-seq tokens
@@ -371,22 +376,40 @@ bool op_has_weight(const Op& op) {
     return !op.params.empty() || (op.kind == OpKind::Linear && op.in_features > 0) || op.kind == OpKind::Embedding;
 }
 
+// run_instance's per-tensor and per-op arrays, kept per thread: an estimate
+// walks a few blocks, and their dozen arrays were a sixth of its heap calls.
+// run_instance does not nest, so one set per thread suffices.
+struct InstanceScratch {
+    std::vector<DType> dt;
+    std::vector<TensorId> storage;
+    std::vector<Bytes> bytes, pair, saved_by, rebuilt;
+    std::vector<char> rg, marked, fused_away, split, core_out, counted;
+};
+
 InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool input_rg) {
+    static thread_local InstanceScratch scratch;
     const std::size_t n = blk.tensors.size();
-    std::vector<DType> dt(n);
-    std::vector<TensorId> storage(n);
-    std::vector<Bytes> bytes(n);
-    std::vector<char> rg(n, 0), marked(n, 0);
+    std::vector<DType>& dt = scratch.dt;
+    std::vector<TensorId>& storage = scratch.storage;
+    std::vector<Bytes>& bytes = scratch.bytes;
+    std::vector<char>&rg = scratch.rg, &marked = scratch.marked;
+    dt.assign(n, DType{});
+    storage.assign(n, TensorId{});
+    bytes.assign(n, Bytes(0));
+    rg.assign(n, 0);
+    marked.assign(n, 0);
     InstanceResult r;
     // Fused attention (SDPA/flash) never materialises the core's tensors
     // (scores, probabilities, dropout mask): they are not candidates for the
     // largest tensor or the working set.
-    std::vector<char> fused_away(n, 0);
+    std::vector<char>& fused_away = scratch.fused_away;
+    fused_away.assign(n, 0);
     if (ctx.attention == Attention::Flash)
         for (const Op& op : blk.ops)
             if (op.flags & kAttnCore)
                 for (auto t : op.outputs) fused_away[static_cast<std::size_t>(t)] = 1;
-    const std::vector<char> split = tp_split_flags(blk);
+    std::vector<char>& split = scratch.split;
+    tp_split_flags(blk, split);
     for (std::size_t i = 0; i < n; ++i) {
         const TensorInfo& t = blk.tensors[i];
         dt[i] = resolve_role(t.role, ctx);
@@ -430,7 +453,9 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
 
     // Per op: its gradient pair and the bytes it saves first (freed when its
     // backward runs), to net each pair against what backward freed before it.
-    std::vector<Bytes> pair(blk.ops.size()), saved_by(blk.ops.size());
+    std::vector<Bytes>&pair = scratch.pair, &saved_by = scratch.saved_by;
+    pair.assign(blk.ops.size(), Bytes(0));
+    saved_by.assign(blk.ops.size(), Bytes(0));
     for (std::size_t oi = 0; oi < blk.ops.size(); ++oi) {
         const Op& op = blk.ops[oi];
         const Bytes saved_before = r.saved;
@@ -559,9 +584,12 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
     // probabilities, dropout mask and dropped copy), each freed after its
     // op's backward, as the simulator does (sim/step_train.cpp); they are not
     // among the block's saves, so they add to the core ops' gradient pairs.
-    std::vector<Bytes> rebuilt(blk.ops.size());
+    std::vector<Bytes>& rebuilt = scratch.rebuilt;
+    rebuilt.assign(blk.ops.size(), Bytes(0));
     if (ctx.recompute == Recompute::Selective && ctx.attention != Attention::Flash) {
-        std::vector<char> core_out(n, 0), counted(n, 0);
+        std::vector<char>&core_out = scratch.core_out, &counted = scratch.counted;
+        core_out.assign(n, 0);
+        counted.assign(n, 0);
         for (const Op& op : blk.ops)
             if (op.flags & kAttnCore)
                 for (auto t : op.outputs) core_out[static_cast<std::size_t>(storage[static_cast<std::size_t>(t)])] = 1;

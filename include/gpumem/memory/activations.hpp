@@ -99,6 +99,7 @@ struct ActivationContext {
 // (norm inputs/outputs, residuals, their dropout masks) are the 10 of 34 sbh
 // a GPT layer keeps unsplit; sequence parallelism splits them too.
 std::vector<char> tp_split_flags(const Block& b);
+void tp_split_flags(const Block& b, std::vector<char>& out);  // the same into `out` (its storage reused)
 
 // Elements of an op's weights on one rank (tp splits the first dimension, ep
 // the routed experts): what autocast's cached 16-bit copy holds.
