@@ -30,33 +30,45 @@ std::int64_t pipeline_warmup(std::int64_t pp, std::int64_t vpp, std::int64_t m, 
     return std::min(checked_add(checked_mul(pp - rank - 1, 2), checked_mul(vpp - 1, pp)), total);
 }
 
+namespace {
+
+// The k-th forward (backward) chunk of a rank: micro-batch (k / (pp vpp)) pp
+// + k % pp, model chunk (k % (pp vpp)) / pp (backward: the chunks in
+// reverse); counted as k advances, without divisions. The chunk changes when
+// k % pp wraps, so a run of left() operations shares it.
+struct ScheduleCursor {
+    std::int64_t pp, vpp;
+    bool forward;
+    std::int64_t in_pp = 0, chunk = 0, base = 0;  // k % pp, (k % (pp vpp)) / pp, (k / (pp vpp)) pp
+    [[nodiscard]] std::int64_t left() const { return pp - in_pp; }
+    [[nodiscard]] std::int64_t now() const { return forward ? chunk : vpp - 1 - chunk; }
+    void advance(std::int64_t n) {  // n <= left()
+        in_pp += n;
+        if (in_pp == pp) {
+            in_pp = 0;
+            if (++chunk == vpp) {
+                chunk = 0;
+                base += pp;
+            }
+        }
+    }
+    PipelineOp take() {
+        PipelineOp op;
+        op.forward = forward;
+        op.micro_batch = base + in_pp;
+        op.chunk = now();
+        advance(1);
+        return op;
+    }
+};
+
+}  // namespace
+
 std::vector<PipelineOp> pipeline_schedule(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank) {
     vpp = std::max<std::int64_t>(1, vpp);
     const std::int64_t total = checked_mul(m, vpp);
     const std::int64_t warm = pipeline_warmup(pp, vpp, m, rank);
-    // The k-th forward (backward) chunk of the rank: micro-batch
-    // (k / (pp vpp)) pp + k % pp, model chunk (k % (pp vpp)) / pp (backward:
-    // the chunks in reverse); counted as k advances, without divisions.
-    struct Cursor {
-        std::int64_t pp, vpp;
-        bool forward;
-        std::int64_t in_pp = 0, chunk = 0, base = 0;  // k % pp, (k % (pp vpp)) / pp, (k / (pp vpp)) pp
-        PipelineOp take() {
-            PipelineOp op;
-            op.forward = forward;
-            op.micro_batch = base + in_pp;
-            op.chunk = forward ? chunk : vpp - 1 - chunk;
-            if (++in_pp == pp) {
-                in_pp = 0;
-                if (++chunk == vpp) {
-                    chunk = 0;
-                    base += pp;
-                }
-            }
-            return op;
-        }
-    };
-    Cursor fwd{pp, vpp, true}, bwd{pp, vpp, false};
+    ScheduleCursor fwd{pp, vpp, true}, bwd{pp, vpp, false};
     std::vector<PipelineOp> ops;
     ops.reserve(static_cast<std::size_t>(2 * total));
     for (std::int64_t k = 0; k < warm; ++k) ops.push_back(fwd.take());
@@ -73,23 +85,8 @@ std::vector<PipelineRun> pipeline_schedule_runs(std::int64_t pp, std::int64_t vp
     pp = std::max<std::int64_t>(1, pp);
     const std::int64_t total = checked_mul(m, vpp);
     const std::int64_t warm = pipeline_warmup(pp, vpp, m, rank);
-    // pipeline_schedule's cursors, advanced a run at a time: the chunk changes
-    // when k % pp wraps.
-    struct Cursor {
-        std::int64_t pp, vpp;
-        bool forward;
-        std::int64_t in_pp = 0, chunk = 0;
-        [[nodiscard]] std::int64_t left() const { return pp - in_pp; }
-        [[nodiscard]] std::int64_t now() const { return forward ? chunk : vpp - 1 - chunk; }
-        void advance(std::int64_t n) {  // n <= left()
-            in_pp += n;
-            if (in_pp == pp) {
-                in_pp = 0;
-                if (++chunk == vpp) chunk = 0;
-            }
-        }
-    };
-    Cursor fwd{pp, vpp, true}, bwd{pp, vpp, false};
+    // pipeline_schedule's cursors, advanced a run at a time.
+    ScheduleCursor fwd{pp, vpp, true}, bwd{pp, vpp, false};
     std::vector<PipelineRun> runs;
     auto push = [&](std::int64_t f, std::int64_t b, std::int64_t n) {
         if (!runs.empty() && runs.back().fwd == f && runs.back().bwd == b) runs.back().count += n;
