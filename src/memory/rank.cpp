@@ -21,6 +21,7 @@
 // LoRA adapters (A [r, in], B [out, r] per target linear) go with their layer.
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/features.hpp"
@@ -75,7 +76,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, std::s
         t.shard = lay.shard;
         t.trainable = job.train && !job.lora;
         t.stored = offload_params ? Bytes(0) : dtype_bytes(job.wdt, t.sharded_elems(params_sharded));
-        out.push_back(t);
+        out.push_back(std::move(t));
         return out;
     }
     std::size_t param_tensors = 0;  // one entry each (LoRA adapters may add some)
@@ -111,7 +112,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, std::s
             if (flat_grads && !t.trainable) t.flat_grad = w;
             if (params_sharded) w = w.ceil_div(t.shard);
             t.stored = offload_params ? Bytes(0) : w;
-            out.push_back(t);
+            out.push_back(std::move(t));
         }
         // LoRA adapters of the block's target linears (PEFT wraps each routed
         // expert's linear separately).
@@ -133,7 +134,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, std::s
                         t.adapter = true;
                         t.stored = dtype_bytes(job.tdt, t.sharded_elems(params_sharded));
                         if (offload_params) t.stored = Bytes(0);
-                        out.push_back(t);
+                        out.push_back(std::move(t));
                     }
                 }
     }
@@ -150,7 +151,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, std::s
                 t.trainable = job.train && !job.lora;
                 t.tied_copy = true;
                 t.stored = offload_params ? Bytes(0) : dtype_bytes(job.wdt, t.sharded_elems(params_sharded));
-                out.push_back(t);
+                out.push_back(std::move(t));
             }
     }
     return out;
