@@ -199,10 +199,13 @@ ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineRu
         unit();
         unit();
         const std::int64_t skip = run.count - 3;
-        const Bytes zero;
-        w.cur += ((run.fwd >= 0 ? in.act[f] : zero) - (run.bwd >= 0 ? in.act[b] : zero)) * skip;
-        w.cur_nl += ((run.fwd >= 0 ? in.nl[f] : zero) - (run.bwd >= 0 ? in.nl[b] : zero)) * skip;
-        w.cur_gather += ((run.fwd >= 0 ? in.gather[f] : zero) - (run.bwd >= 0 ? in.gather[b] : zero)) * skip;
+        // What `skip` units add to one amount in flight (a forward adds its chunk's, a backward takes its chunk's away).
+        auto skipped = [&](std::span<const Bytes> amount) {
+            return ((run.fwd >= 0 ? amount[f] : Bytes(0)) - (run.bwd >= 0 ? amount[b] : Bytes(0))) * skip;
+        };
+        w.cur += skipped(in.act);
+        w.cur_nl += skipped(in.nl);
+        w.cur_gather += skipped(in.gather);
         w.n_in = checked_add(w.n_in, checked_mul((run.fwd >= 0 ? 1 : 0) - (run.bwd >= 0 ? 1 : 0), skip));
         unit();
     }
