@@ -194,6 +194,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                         ro.capacity = Bytes(INT64_MAX / 4);
                         ro.stop_at_oom = false;
                         if (!trace_neutral) {
+                            sim::recycle_trace_storage(std::move(run.trace));
                             built = build();
                             if (!built) return;
                             run.trace = std::move(*built);
@@ -204,8 +205,17 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             }
             peak_alloc[i] = run.rep.peak_allocated;
             peak_res[i] = reserved(run.rep);
-            const std::lock_guard<std::mutex> lock(mutex);
-            if (!best || better(run, *best)) best = std::move(run);
+            std::optional<RankRun> dropped;  // its trace's storage goes to the next rank this thread builds
+            {
+                const std::lock_guard<std::mutex> lock(mutex);
+                if (!best || better(run, *best)) {
+                    if (best) dropped = std::move(best);
+                    best = std::move(run);
+                } else {
+                    dropped = std::move(run);
+                }
+            }
+            if (dropped) sim::recycle_trace_storage(std::move(dropped->trace));
         });
         // Too long to simulate within bounded time and memory: the analytic
         // estimate (r, untouched so far), exactly what --analytic prints
@@ -284,7 +294,8 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         // Live memory at the allocated peak, by kind (requested bytes).
         std::array<Bytes, kKinds> by_kind{};
         for (std::size_t l = 0; l < rep.live_by_label.size(); ++l)
-            by_kind[l < st.trace.labels.size() ? kind_of(st.trace.labels[l]) : kActivations] += rep.live_by_label[l];
+            if (rep.live_by_label[l] != Bytes(0))  // (most labels hold nothing at the peak: no search of their text)
+                by_kind[l < st.trace.labels.size() ? kind_of(st.trace.labels[l]) : kActivations] += rep.live_by_label[l];
 
         PerGpu& pg = r.per_gpu;
         pg.peak_allocated = rep.peak_allocated;

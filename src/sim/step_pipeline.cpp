@@ -373,7 +373,9 @@ void StepBuilder::run() {
         for (auto x : v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ULL;
         return h;
     };
-    const std::int64_t reserve_at = std::min(n_ops / 4, 8 * pp_ * vpp_);
+    // (After the first op where a quarter of the ops is none: one GPU without
+    // gradient accumulation runs a forward and a backward per step.)
+    const std::int64_t reserve_at = std::max<std::int64_t>(std::min(n_ops / 4, 8 * pp_ * vpp_), n_ops >= 2 ? 1 : 0);
     for (int s = 0; s < opt_.steps; ++s) {
         em_.step = s;
         // torch.compile(mode="reduce-overhead") warms up in the first step and
@@ -403,7 +405,13 @@ void StepBuilder::run() {
                 auto& ev = out_.trace.events;
                 const double projected = static_cast<double>(ev.size()) * static_cast<double>(opt_.steps * n_ops) / static_cast<double>(x);
                 if (skipped_detection_ && projected > static_cast<double>(kMaxTraceEvents)) throw TraceTooLarge(kMaxTraceEvents);
-                ev.reserve(static_cast<std::size_t>(std::min(projected * 1.25, static_cast<double>(kMaxTraceEvents))));
+                // A projection from one op is rough (a backward emits more than
+                // its forward): twice it (room never written is never touched).
+                const double margin = x == 1 ? 2.0 : 1.25;
+                // (Storage handed back from an earlier trace that holds the
+                // projection already is kept: recycle_trace_storage.)
+                if (static_cast<double>(ev.capacity()) < projected)
+                    ev.reserve(static_cast<std::size_t>(std::min(projected * margin, static_cast<double>(kMaxTraceEvents))));
             }
             if (!cut && x >= warm && (x - warm) % rebase == 0) {
                 base_id = em_.next_id();
@@ -475,8 +483,14 @@ void StepBuilder::run() {
 
 namespace {
 
+// recycle_trace_storage's spare: one per thread.
+thread_local std::vector<TraceEvent> spare_events;
+
 StepTrace run_builder(const ModelGraph& g, const Job& job, const StepTraceOptions& opt) {
     StepTrace out;
+    out.trace.events = std::move(spare_events);
+    out.trace.events.clear();
+    spare_events = {};
     detail::StepBuilder builder(g, job, opt, out);
     try {
         builder.run();
@@ -488,17 +502,28 @@ StepTrace run_builder(const ModelGraph& g, const Job& job, const StepTraceOption
         if (!builder.skipped_detection()) throw;
         StepTraceOptions o = opt;
         o.detect_always = true;
+        recycle_trace_storage(std::move(out));
         return run_builder(g, job, o);
     }
-    // No period found in the detection window: the 64-micro-batch cut.
+    // No period found in the detection window: the 64-micro-batch cut (into
+    // the same storage).
     StepTraceOptions o = opt;
     o.steady_state = nullptr;
+    std::vector<TraceEvent> storage = std::move(out.trace.events);
+    storage.clear();
     out = StepTrace{};
+    out.trace.events = std::move(storage);
     detail::StepBuilder(g, job, o, out).run();
     return out;
 }
 
 }  // namespace
+
+void recycle_trace_storage(StepTrace&& t) {
+    std::vector<TraceEvent>& ev = t.trace.events;
+    if (ev.capacity() > spare_events.capacity() && ev.capacity() <= static_cast<std::size_t>(kMaxSpareTraceEvents)) spare_events = std::move(ev);
+    ev = {};
+}
 
 StepTrace build_step_trace(const ModelGraph& g_in, const Job& job, const StepTraceOptions& opt) {
     const ModelGraph& g = job_graph(g_in, job);

@@ -1,0 +1,88 @@
+// Reuse of a step trace's event storage (sim/step.hpp recycle_trace_storage):
+// a trace built into storage handed back from another trace must equal the
+// trace built into a new vector, event for event, on a generated grid of jobs
+// (single GPU and pipelines, 1F1B and interleaved, training and inference),
+// whatever trace was handed back before it (longer or shorter); and storage
+// that holds the trace already is really reused. A failing job is printed as
+// its gpumem command.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpumem/memory/job.hpp"
+#include "gpumem/report/render.hpp"
+#include "gpumem/sim/step.hpp"
+#include "job_grid.hpp"
+
+namespace gpumem {
+namespace {
+
+sim::StepTrace build(const EstimateRequest& r) {
+    const ModelGraph& g = test::grid_model(r.model);
+    const Job job = resolve_job(g, r).value();
+    sim::ReplayOptions ro;
+    ro.config = sim::AllocatorConfig::parse(r.alloc_conf).value();
+    sim::StepTraceOptions so;
+    so.cublas_workspace = job.gpu.cublas_workspace;
+    so.steady_state = &ro;
+    return sim::build_step_trace(g, job, so);
+}
+
+// The trace as text: every event's fields, the cuts, labels, checkpoints, notes.
+std::string dump(const sim::StepTrace& t) {
+    std::string s;
+    for (const auto& e : t.trace.events)
+        s += std::to_string(static_cast<int>(e.kind)) + ',' + std::to_string(static_cast<int>(e.phase)) + ',' + std::to_string(e.stream) + ',' +
+             std::to_string(e.id) + ',' + std::to_string(e.size.count()) + ',' + std::to_string(e.label) + ',' + std::to_string(e.step) + '\n';
+    for (const auto& c : t.trace.cuts) s += "cut " + std::to_string(c.begin) + ' ' + std::to_string(c.at) + ' ' + std::to_string(c.copies) + '\n';
+    for (const auto& l : t.trace.labels) s += l + '\n';
+    for (const auto& c : t.steps)
+        s += std::to_string(c.after_setup.count()) + ' ' + std::to_string(c.after_forward.count()) + ' ' + std::to_string(c.after_backward.count()) + ' ' +
+             std::to_string(c.after_optimizer.count()) + ' ' + std::to_string(c.after_zero_grad.count()) + '\n';
+    for (const auto& n : t.notes) s += n + '\n';
+    return s + (t.approximate ? "approximate" : "exact");
+}
+
+// Built on a thread of its own: a new thread has no storage handed back.
+std::string fresh(const EstimateRequest& r) {
+    std::string out;
+    std::thread([&] { out = dump(build(r)); }).join();
+    return out;
+}
+
+TEST(TraceStorage, ReusedStorageGivesTheSameTrace) {
+    std::vector<test::GridJob> jobs;
+    for (const auto kind : {test::GridKind::Single, test::GridKind::Pipeline, test::GridKind::Inference}) {
+        auto part = test::job_grid(kind, 8, 31 + static_cast<std::uint64_t>(kind));
+        jobs.insert(jobs.end(), part.begin(), part.end());
+    }
+    ASSERT_GE(jobs.size(), 20U);
+    int checked = 0;
+    std::thread([&] {
+        // Each job is built into the storage of the job before it (longer or
+        // shorter), then into its own.
+        for (std::size_t i = 0; i < jobs.size(); ++i) {
+            const EstimateRequest& r = jobs[i].req;
+            const std::string want = fresh(r);
+            if (i > 0) sim::recycle_trace_storage(build(jobs[i - 1].req));
+            sim::StepTrace after_other = build(r);
+            EXPECT_EQ(dump(after_other), want) << request_to_command(r) << "\n    after " << request_to_command(jobs[i - 1].req);
+            // Its own storage back: large enough, so the next trace is written into it.
+            const sim::TraceEvent* storage = after_other.trace.events.data();
+            const std::size_t capacity = after_other.trace.events.capacity();
+            sim::recycle_trace_storage(std::move(after_other));
+            const sim::StepTrace again = build(r);
+            EXPECT_EQ(dump(again), want) << request_to_command(r) << "\n    built again into its own storage";
+            if (capacity > 0 && capacity <= static_cast<std::size_t>(sim::kMaxSpareTraceEvents)) {
+                EXPECT_EQ(again.trace.events.data(), storage) << request_to_command(r) << ": the storage handed back was not reused";
+                ++checked;
+            }
+        }
+    }).join();
+    EXPECT_GE(checked, 20);
+}
+
+}  // namespace
+}  // namespace gpumem
