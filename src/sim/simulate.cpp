@@ -217,6 +217,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             }
             if (dropped) sim::recycle_trace_storage(std::move(dropped->trace));
         });
+        sim::release_trace_storage();  // (the workers' spares went with their threads)
         // Too long to simulate within bounded time and memory: the analytic
         // estimate (r, untouched so far), exactly what --analytic prints
         // (finished: error band, calibration), said so.

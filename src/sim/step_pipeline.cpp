@@ -525,6 +525,8 @@ void recycle_trace_storage(StepTrace&& t) {
     ev = {};
 }
 
+void release_trace_storage() { spare_events = std::vector<TraceEvent>{}; }
+
 StepTrace build_step_trace(const ModelGraph& g_in, const Job& job, const StepTraceOptions& opt) {
     const ModelGraph& g = job_graph(g_in, job);
     if (opt.parallel) return run_builder(g, job, opt);

@@ -119,8 +119,11 @@ StepTrace build_step_trace(const ModelGraph& g, const Job& job, const StepTraceO
 // interleaved pipeline touched about 500 MB that way, a fifth of its CPU time
 // (kernel time; perf, `gpumem estimate llama-3.1-405b ... --tp 2 --pp 32
 // --vpp 2`). One spare per thread, the largest handed back, kept only up to
-// kMaxSpareTraceEvents; the answers do not depend on it.
-inline constexpr std::int64_t kMaxSpareTraceEvents = 2'000'000;
+// kMaxSpareTraceEvents (32 MB); the answers do not depend on it.
+// release_trace_storage frees this thread's spare (simulate_estimate does at
+// its end: a long-lived thread of the service keeps nothing between requests).
+inline constexpr std::int64_t kMaxSpareTraceEvents = 1'000'000;
 void recycle_trace_storage(StepTrace&& t);
+void release_trace_storage();
 
 }  // namespace gpumem::sim
