@@ -17,6 +17,8 @@
 #include "gpumem/memory/job.hpp"
 #include "gpumem/memory/request.hpp"
 #include "gpumem/model/load.hpp"
+#include "gpumem/sim/alloc_conf.hpp"
+#include "gpumem/sim/step.hpp"
 
 namespace gpumem::test {
 
@@ -76,6 +78,20 @@ struct GridJob {
 
 // True when the request resolves (valid layout and options for the model).
 inline bool grid_valid(const EstimateRequest& r) { return resolve_job(grid_model(r.model), r).ok(); }
+
+// The step trace of a grid job's first rank, built with steady-state
+// detection for the replay settings of its allocator configuration (what
+// simulate_estimate builds for it).
+inline sim::StepTrace grid_step_trace(const EstimateRequest& r) {
+    const ModelGraph& g = grid_model(r.model);
+    const Job job = resolve_job(g, r).value();
+    sim::ReplayOptions ro;
+    ro.config = sim::AllocatorConfig::parse(r.alloc_conf).value();
+    sim::StepTraceOptions so;
+    so.cublas_workspace = job.gpu.cublas_workspace;
+    so.steady_state = &ro;
+    return sim::build_step_trace(g, job, so);
+}
 
 // One random job of a kind; `valid` tells whether it resolved.
 inline GridJob draw_job(Rng& rng, GridKind kind) {

@@ -28,16 +28,7 @@ std::string json_of(const EstimateRequest& r, bool full) {
 }
 
 // Whether the extrapolated trace of one rank really left periods out.
-bool was_cut(const EstimateRequest& r) {
-    const ModelGraph& g = test::grid_model(r.model);
-    const Job job = resolve_job(g, r).value();
-    sim::ReplayOptions ro;
-    ro.config = sim::AllocatorConfig::parse(r.alloc_conf).value();
-    sim::StepTraceOptions so;
-    so.cublas_workspace = job.gpu.cublas_workspace;
-    so.steady_state = &ro;
-    return !sim::build_step_trace(g, job, so).trace.cuts.empty();
-}
+bool was_cut(const EstimateRequest& r) { return !test::grid_step_trace(r).trace.cuts.empty(); }
 
 void expect_same(const EstimateRequest& r, int& cut, int& total, int* long_single = nullptr) {
     const std::string a = json_of(r, false), b = json_of(r, true);

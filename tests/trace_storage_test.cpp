@@ -19,16 +19,7 @@
 namespace gpumem {
 namespace {
 
-sim::StepTrace build(const EstimateRequest& r) {
-    const ModelGraph& g = test::grid_model(r.model);
-    const Job job = resolve_job(g, r).value();
-    sim::ReplayOptions ro;
-    ro.config = sim::AllocatorConfig::parse(r.alloc_conf).value();
-    sim::StepTraceOptions so;
-    so.cublas_workspace = job.gpu.cublas_workspace;
-    so.steady_state = &ro;
-    return sim::build_step_trace(g, job, so);
-}
+sim::StepTrace build(const EstimateRequest& r) { return test::grid_step_trace(r); }
 
 // The trace as text: every event's fields, the cuts, labels, checkpoints, notes.
 std::string dump(const sim::StepTrace& t) {
