@@ -537,10 +537,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             loads.embedding_rank = r == 0;
             walk = walk_schedule(loads, pipeline_schedule_runs(p, vpp, m_sim, r));
         }
-        const Bytes act_peak = walk.act_peak, kept_gather = walk.kept_gather, act_nl_peak = walk.act_nl_peak, g_at_peak = walk.g_at_peak;
-        const Bytes end_base = walk.end_base, end_emb_new = walk.end_emb_new, end_emb_acc = walk.end_emb_acc, end_first_layer = walk.end_first_layer;
-        const bool end_emb_new_seen = walk.end_emb_new_seen, end_emb_acc_seen = walk.end_emb_acc_seen;
-        const std::int64_t inflight_peak = walk.inflight_peak;
+        const auto& [act_peak, act_nl_peak, kept_gather, g_at_peak, inflight_peak, end_base, end_first_layer, end_emb_new, end_emb_acc, end_emb_new_seen,
+                     end_emb_acc_seen] = walk;
         sm.activations = act_peak;
         sm.activations_at_peak = act_peak;
         sm.in_flight = std::max<std::int64_t>(1, inflight_peak);

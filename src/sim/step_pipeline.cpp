@@ -488,33 +488,24 @@ thread_local std::vector<TraceEvent> spare_events;
 
 StepTrace run_builder(const ModelGraph& g, const Job& job, const StepTraceOptions& opt) {
     StepTrace out;
-    out.trace.events = std::move(spare_events);
+    out.trace.events.swap(spare_events);  // (this thread's spare, if any, now empty)
     out.trace.events.clear();
-    spare_events = {};
     detail::StepBuilder builder(g, job, opt, out);
+    StepTraceOptions again = opt;
     try {
         builder.run();
         return out;
     } catch (const detail::StepBuilder::NoSteadyState&) {
+        // No period found in the detection window: the 64-micro-batch cut.
+        again.steady_state = nullptr;
     } catch (const TraceTooLarge&) {
         // A schedule simulated whole because it looked too short for a cut to
         // pay: with detection its periods may be left out.
         if (!builder.skipped_detection()) throw;
-        StepTraceOptions o = opt;
-        o.detect_always = true;
-        recycle_trace_storage(std::move(out));
-        return run_builder(g, job, o);
+        again.detect_always = true;
     }
-    // No period found in the detection window: the 64-micro-batch cut (into
-    // the same storage).
-    StepTraceOptions o = opt;
-    o.steady_state = nullptr;
-    std::vector<TraceEvent> storage = std::move(out.trace.events);
-    storage.clear();
-    out = StepTrace{};
-    out.trace.events = std::move(storage);
-    detail::StepBuilder(g, job, o, out).run();
-    return out;
+    recycle_trace_storage(std::move(out));  // the second try writes into the same storage
+    return run_builder(g, job, again);
 }
 
 }  // namespace
