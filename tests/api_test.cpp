@@ -46,3 +46,22 @@ TEST(Api, InlineConfigEqualsCliOnTheFile) {
     ASSERT_FALSE(bad.ok());
     EXPECT_EQ(bad.error().field, "model_type");
 }
+
+// `plan --analytic` ranks with the analytic estimate alone: no candidate is
+// re-checked by the step simulation (the flag's help: "skip the step
+// simulation"); without it the fastest are confirmed.
+TEST(Api, PlanAnalyticSkipsTheConfirmingSimulation) {
+    const nlohmann::json base = {{"model", "llama-3.2-1b"}, {"gpus", 8}, {"top", 4}};
+    nlohmann::json analytic = base;
+    analytic["analytic"] = true;
+    auto a = api_call("plan", analytic);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    ASSERT_FALSE(a.value()["top"].empty());
+    for (const auto& c : a.value()["top"]) EXPECT_FALSE(c["confirmed_by_simulation"].get<bool>()) << c["command"];
+    auto s = api_call("plan", base);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    ASSERT_FALSE(s.value()["top"].empty());
+    EXPECT_TRUE(s.value()["top"][0]["confirmed_by_simulation"].get<bool>()) << s.value()["top"][0]["command"];
+    // The same layouts rank first either way (the ranking is the analytic one).
+    EXPECT_EQ(a.value()["top"][0]["command"], s.value()["top"][0]["command"]);
+}

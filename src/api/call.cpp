@@ -116,7 +116,8 @@ const std::vector<std::pair<Command, Runner>>& commands() {
              PlanRequest pr = r.plan;
              pr.base = r.job;
              pr.compute = compute_of(r);
-             pr.confirm = std::min<std::int64_t>(pr.top, 3);
+             // --analytic: the analytic ranking alone, no confirming simulation.
+             pr.confirm = r.job.analytic ? 0 : std::min<std::int64_t>(pr.top, 3);
              return with(Command::Plan, r, take(plan(pr)));
          }},
         {Command::Sweep,

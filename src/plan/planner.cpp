@@ -595,8 +595,9 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     out.assumptions.push_back(pr.tp.empty() ? "tensor parallelism inside a node (tp <= " + std::to_string(per_node) + "; --only-tp to go beyond)"
                                             : "tensor parallelism as given by --only-tp");
     out.assumptions.push_back("scored with the analytic estimate and the time model of `gpumem estimate --analytic` (" + std::to_string(out.estimates) +
-                              " estimates for " + std::to_string(out.evaluated) + " configurations: memory grows with the micro-batch, so each family is bisected); "
-                              "the top " + std::to_string(pr.confirm) + " re-checked by the step simulation" +
+                              " estimates for " + std::to_string(out.evaluated) + " configurations: memory grows with the micro-batch, so each family is bisected); " +
+                              (pr.confirm > 0 ? "the top " + std::to_string(pr.confirm) + " re-checked by the step simulation"
+                                              : std::string("none re-checked by the step simulation (analytic peaks only)")) +
                               (dropped > 0 ? " (" + std::to_string(dropped) + " dropped: the simulation did not fit them)" : ""));
     for (const auto& l : dropped_lines) out.assumptions.push_back("not offered, the simulation does not fit it: " + l);
     if (offloaded) out.assumptions.push_back("nothing fits on the GPUs alone: optimizer offload to CPU memory searched");
