@@ -3,8 +3,10 @@
 // trace built into a new vector, event for event, on a generated grid of jobs
 // (single GPU and pipelines, 1F1B and interleaved, training and inference),
 // whatever trace was handed back before it (longer or shorter); and storage
-// that holds the trace already is really reused. A failing job is printed as
-// its gpumem command.
+// that holds the trace already is really reused. Likewise replay()'s tables
+// (sim/trace.hpp release_replay_storage): a replay whose id tables come from
+// the replay before it must equal a replay on a fresh thread. A failing job
+// is printed as its gpumem command.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -14,6 +16,7 @@
 #include "gpumem/memory/job.hpp"
 #include "gpumem/report/render.hpp"
 #include "gpumem/sim/step.hpp"
+#include "gpumem/sim/trace.hpp"
 #include "job_grid.hpp"
 
 namespace gpumem {
@@ -73,6 +76,55 @@ TEST(TraceStorage, ReusedStorageGivesTheSameTrace) {
         }
     }).join();
     EXPECT_GE(checked, 20);
+}
+
+// A replay's answer as text: peaks, the peak's event and phase, final and
+// fragmentation figures, per-phase rows, the timeline, the live tensors at the
+// peak and the bytes by label, the oom and the counts of odd events.
+std::string dump(const sim::ReplayResult& r) {
+    auto b = [](Bytes x) { return std::to_string(x.count()) + ' '; };
+    std::string s = b(r.peak_allocated) + b(r.peak_reserved) + std::to_string(r.events) + ' ' + std::to_string(r.peak_event) + ' ' +
+                    std::to_string(static_cast<int>(r.peak_phase)) + ' ' + std::to_string(r.peak_step) + ' ' + b(r.final_allocated) + b(r.final_reserved) +
+                    b(r.fragmentation_at_peak) + b(r.largest_free_block_at_peak) + std::to_string(r.failed_allocs) + ' ' +
+                    std::to_string(r.unknown_frees) + ' ' + std::to_string(r.duplicate_allocs) + ' ' + std::to_string(r.oom_event) + '\n';
+    for (const auto& p : r.phases) s += std::to_string(static_cast<int>(p.phase)) + ' ' + std::to_string(p.step) + ' ' + b(p.peak_allocated) + b(p.peak_reserved) + '\n';
+    for (const auto& p : r.timeline) s += std::to_string(p.event) + ' ' + b(p.allocated) + b(p.reserved) + '\n';
+    for (const auto& t : r.top_at_peak) s += std::to_string(t.id) + ' ' + b(t.size) + t.label + '\n';
+    for (const auto& x : r.live_by_label) s += b(x);
+    return s;
+}
+
+// Replayed on a thread of its own: a new thread has no tables handed on.
+std::string fresh_replay(const sim::Trace& t, const sim::ReplayOptions& ro) {
+    std::string out;
+    std::thread([&] { out = dump(sim::replay(t, ro)); }).join();
+    return out;
+}
+
+TEST(TraceStorage, ReplayTablesHandedOnGiveTheSameAnswer) {
+    std::vector<test::GridJob> jobs;
+    for (const auto kind : {test::GridKind::Single, test::GridKind::Pipeline, test::GridKind::Inference}) {
+        auto part = test::job_grid(kind, 8, 57 + static_cast<std::uint64_t>(kind));
+        jobs.insert(jobs.end(), part.begin(), part.end());
+    }
+    ASSERT_GE(jobs.size(), 20U);
+    std::vector<sim::StepTrace> traces;
+    for (const auto& j : jobs) traces.push_back(build(j.req));
+    sim::ReplayOptions ro;  // defaults: the caching allocator, timeline and top tensors recorded
+    std::thread([&] {
+        // Each trace replayed after the one before it (more ids or fewer), and
+        // again after itself; the answers do not change.
+        for (std::size_t i = 0; i < traces.size(); ++i) {
+            const std::string want = fresh_replay(traces[i].trace, ro);
+            EXPECT_GT(want.size(), 0U);
+            if (i > 0) (void)sim::replay(traces[i - 1].trace, ro);
+            const std::string before = i > 0 ? request_to_command(jobs[i - 1].req) : std::string("nothing");
+            EXPECT_EQ(dump(sim::replay(traces[i].trace, ro)), want) << request_to_command(jobs[i].req) << "\n    after " << before;
+            EXPECT_EQ(dump(sim::replay(traces[i].trace, ro)), want) << request_to_command(jobs[i].req) << "\n    replayed again";
+        }
+        sim::release_replay_storage();
+        EXPECT_EQ(dump(sim::replay(traces.front().trace, ro)), fresh_replay(traces.front().trace, ro)) << "after release_replay_storage";
+    }).join();
 }
 
 }  // namespace

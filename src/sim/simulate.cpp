@@ -120,6 +120,16 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         std::optional<RankRun> best;
         std::string too_large;
         std::mutex mutex;
+        // This thread's spare trace storage is freed when the estimate ends,
+        // on every path, unless the caller keeps it for its next simulation
+        // (SimulateOptions::keep_trace_storage). The workers' spares go with
+        // their threads.
+        struct ReleaseSpare {
+            bool on;
+            ~ReleaseSpare() {
+                if (on) sim::release_trace_storage();
+            }
+        } release{!sopt.keep_trace_storage};
         parallel_for(candidates.size(), sopt.threads, [&](std::size_t i) {
             {
                 const std::lock_guard<std::mutex> lock(mutex);
@@ -205,19 +215,14 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             }
             peak_alloc[i] = run.rep.peak_allocated;
             peak_res[i] = reserved(run.rep);
-            std::optional<RankRun> dropped;  // its trace's storage goes to the next rank this thread builds
-            {
-                const std::lock_guard<std::mutex> lock(mutex);
-                if (!best || better(run, *best)) {
-                    if (best) dropped = std::move(best);
-                    best = std::move(run);
-                } else {
-                    dropped = std::move(run);
-                }
-            }
-            if (dropped) sim::recycle_trace_storage(std::move(dropped->trace));
+            // The events are replayed: their storage goes to the next trace this
+            // thread builds, whichever run is kept (it needs only the trace's
+            // labels, checkpoints and notes), so a thread touches one trace's
+            // pages, not one per rank kept in between.
+            sim::recycle_trace_events(run.trace.trace.events);
+            const std::lock_guard<std::mutex> lock(mutex);
+            if (!best || better(run, *best)) best = std::move(run);
         });
-        sim::release_trace_storage();  // (the workers' spares went with their threads)
         // Too long to simulate within bounded time and memory: the analytic
         // estimate (r, untouched so far), exactly what --analytic prints
         // (finished: error band, calibration), said so.

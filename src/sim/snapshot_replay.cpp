@@ -328,7 +328,10 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const Streamed
 
     const ReplayOptions ro = snapshot_replay_options(snap, opt, rep.summary.notes);
     rep.summary.replay_config = ro.config.to_string();
-    if (opt.run_replay) rep.replay = replay(conv.trace, ro);
+    if (opt.run_replay) {
+        rep.replay = replay(conv.trace, ro);
+        release_replay_storage();  // one replay per snapshot: nothing to hand on
+    }
     return rep;
 }
 // Streaming reading for analyze(): statistics of every device's entries, and

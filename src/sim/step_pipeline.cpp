@@ -510,13 +510,17 @@ StepTrace run_builder(const ModelGraph& g, const Job& job, const StepTraceOption
 
 }  // namespace
 
-void recycle_trace_storage(StepTrace&& t) {
-    std::vector<TraceEvent>& ev = t.trace.events;
+void recycle_trace_events(std::vector<TraceEvent>& ev) {
     if (ev.capacity() > spare_events.capacity() && ev.capacity() <= static_cast<std::size_t>(kMaxSpareTraceEvents)) spare_events = std::move(ev);
     ev = {};
 }
 
-void release_trace_storage() { spare_events = std::vector<TraceEvent>{}; }
+void recycle_trace_storage(StepTrace&& t) { recycle_trace_events(t.trace.events); }
+
+void release_trace_storage() {
+    spare_events = std::vector<TraceEvent>{};
+    release_replay_storage();
+}
 
 StepTrace build_step_trace(const ModelGraph& g_in, const Job& job, const StepTraceOptions& opt) {
     const ModelGraph& g = job_graph(g_in, job);

@@ -124,6 +124,12 @@ struct Live {
     BlockHandle handle = 0;
     Bytes size;
 };
+// A tensor live at the allocated peak (replay()'s second pass).
+struct PeakRec {
+    Bytes size;
+    std::int32_t label = 0;
+    Phase phase{};
+};
 
 bool same_phase(const TraceEvent& a, const TraceEvent& b) { return a.phase == b.phase && a.step == b.step; }
 
@@ -132,10 +138,33 @@ bool same_phase(const TraceEvent& a, const TraceEvent& b) { return a.phase == b.
 // `dense_limit` live in a vector indexed by id (a hash map's lookups and node
 // allocations were a tenth of a pipeline simulation), others in a hash map.
 // The vectors grow (doubling) to the largest id seen, at most dense_limit.
+//
+// The dense storage goes from one table to the next of its kind on a thread
+// (the spare; release_replay_storage frees it): a plan's confirmations replay
+// a dozen traces of ~10^5 ids each, and growing fresh tables faulted in and
+// copied their pages every time (a quarter of the page faults of `gpumem plan
+// llama-3-70b --gpus 64`). At most dense_limit ids (replay(): 2^18, 4.25 MiB).
 template <class V>
 class IdTable {
 public:
-    explicit IdTable(std::int64_t dense_limit) : limit_(dense_limit) {}
+    explicit IdTable(std::int64_t dense_limit) : limit_(dense_limit) {
+        // The spare's pages, written again (no id in it yet).
+        values_ = std::move(spare().values);
+        has_ = std::move(spare().has);
+        const std::size_t n = std::min(has_.size(), static_cast<std::size_t>(std::max<std::int64_t>(limit_, 0)));
+        values_.resize(n);
+        has_.assign(n, 0);
+    }
+    ~IdTable() {
+        Storage& s = spare();
+        if (has_.capacity() > s.has.capacity()) {
+            s.values = std::move(values_);
+            s.has = std::move(has_);
+        }
+    }
+    IdTable(const IdTable&) = delete;
+    IdTable& operator=(const IdTable&) = delete;
+    static void release_spare() { spare() = Storage{}; }
 
     [[nodiscard]] V* find(std::int64_t id) {
         if (dense(id)) return static_cast<std::size_t>(id) < has_.size() && has_[static_cast<std::size_t>(id)] ? &values_[static_cast<std::size_t>(id)] : nullptr;
@@ -177,6 +206,14 @@ public:
     }
 
 private:
+    struct Storage {
+        std::vector<V> values;
+        std::vector<std::uint8_t> has;
+    };
+    static Storage& spare() {
+        thread_local Storage s;
+        return s;
+    }
     [[nodiscard]] bool dense(std::int64_t id) const { return id >= 0 && id < limit_; }
     std::int64_t limit_;
     std::vector<V> values_;
@@ -186,6 +223,11 @@ private:
 };
 
 }  // namespace
+
+void release_replay_storage() {
+    IdTable<Live>::release_spare();
+    IdTable<PeakRec>::release_spare();
+}
 
 ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     ReplayResult res;
@@ -422,17 +464,12 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
 
     // --- second pass: live tensors at the allocated peak.
     if (res.peak_event >= 0 && opt.top_tensors > 0) {
-        struct Rec {
-            Bytes size;
-            std::int32_t label;
-            Phase phase;
-        };
-        IdTable<Rec> at_peak(dense_ids);
+        IdTable<PeakRec> at_peak(dense_ids);
         for (std::int64_t i = 0; i <= res.peak_event; ++i) {
             check_budget();
             const TraceEvent& e = ev[static_cast<std::size_t>(i)];
             if (e.kind == TraceEvent::Kind::Alloc && accepted[static_cast<std::size_t>(i)]) {
-                at_peak.insert(e.id, Rec{e.size, e.label, e.phase});
+                at_peak.insert(e.id, PeakRec{e.size, e.label, e.phase});
             } else if (e.kind == TraceEvent::Kind::Free) {
                 at_peak.erase(e.id);
             }
@@ -441,7 +478,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         // that size: no copy of every live tensor.
         struct Cand {
             std::int64_t id;
-            Rec r;
+            PeakRec r;
         };
         auto larger = [](const Cand& a, const Cand& b) {
             if (a.r.size != b.r.size) return a.r.size > b.r.size;
@@ -451,7 +488,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         std::vector<Cand> best;  // a heap whose front is the smallest kept
         best.reserve(top + 1);
         res.live_by_label.assign(trace.labels.size() + 1, Bytes(0));
-        at_peak.for_each([&](std::int64_t id, const Rec& r) {
+        at_peak.for_each([&](std::int64_t id, const PeakRec& r) {
             check_budget();
             const std::size_t l = r.label >= 0 && static_cast<std::size_t>(r.label) < trace.labels.size() ? static_cast<std::size_t>(r.label) : trace.labels.size();
             res.live_by_label[l] += r.size;

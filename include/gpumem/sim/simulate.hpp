@@ -25,6 +25,12 @@ struct SimulateOptions {
     // Threads that simulate a pipeline's ranks side by side (0: the cores;
     // core/parallel.hpp). The answer does not depend on it.
     int threads = 0;
+    // Keep this thread's spare trace storage when the estimate ends
+    // (sim/step.hpp recycle_trace_storage): a caller that simulates job after
+    // job on one thread (the planner's confirmations) writes the next trace
+    // into pages already touched, and calls sim::release_trace_storage() when
+    // it is done. The answers do not depend on it.
+    bool keep_trace_storage = false;
 };
 
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req);

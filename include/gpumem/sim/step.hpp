@@ -120,10 +120,15 @@ StepTrace build_step_trace(const ModelGraph& g, const Job& job, const StepTraceO
 // (kernel time; perf, `gpumem estimate llama-3.1-405b ... --tp 2 --pp 32
 // --vpp 2`). One spare per thread, the largest handed back, kept only up to
 // kMaxSpareTraceEvents (32 MB); the answers do not depend on it.
-// release_trace_storage frees this thread's spare (simulate_estimate does at
-// its end: a long-lived thread of the service keeps nothing between requests).
+// release_trace_storage frees this thread's spare, and replay()'s
+// (release_replay_storage): simulate_estimate does at its end unless asked to
+// keep them (SimulateOptions::keep_trace_storage), so a long-lived thread of
+// the service keeps nothing between requests.
 inline constexpr std::int64_t kMaxSpareTraceEvents = 1'000'000;
 void recycle_trace_storage(StepTrace&& t);
+// The same for a trace's events alone, once replayed (the trace keeps its
+// labels, checkpoints and notes): `events` is left empty.
+void recycle_trace_events(std::vector<TraceEvent>& events);
 void release_trace_storage();
 
 }  // namespace gpumem::sim

@@ -150,6 +150,10 @@ struct ReplayResult {
 };
 
 ReplayResult replay(const Trace& trace, const ReplayOptions& opt);
+// replay() hands its live-tensor table's storage (at most 2^18 ids, 4.25 MiB)
+// to the next replay on the same thread; this frees it (release_trace_storage
+// does too: a long-lived thread keeps nothing between requests).
+void release_replay_storage();
 
 // Replays a trace as it grows (the step builder feeds it at each period
 // boundary) and describes the state everything after depends on: the
