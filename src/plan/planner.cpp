@@ -529,6 +529,11 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         // it is done (with replay()'s tables and the runs' events handed on:
         // page faults of `gpumem plan llama-3-70b --gpus 64` 35k -> 18k).
         so.keep_trace_storage = true;
+        // A candidate is confirmed only if it fits within `capacity`: its
+        // simulation stops at the first rank that needs more (the walk then
+        // drops it; the line says what that rank needs). Three of the six
+        // candidates `plan llama-3.1-405b --gpus 16384` simulates do not fit.
+        so.stop_above = Bytes(static_cast<std::int64_t>(std::floor(capacity)));
         parallel_for(workers, pr.threads, [&](std::size_t) {
             struct ReleaseSpare {
                 ~ReleaseSpare() { sim::release_trace_storage(); }
@@ -558,8 +563,13 @@ Result<PlanResult> plan(const PlanRequest& pr) {
                 c.total_device = c.per_gpu.total_device;
                 c.fits_confirmed = static_cast<double>(c.total_device.count()) <= capacity;
                 if (!c.fits_confirmed) {
+                    const bool stopped = sims[i]->simulation && sims[i]->simulation->stopped_at_stage >= 0;
                     dropped_lines.push_back(request_to_command(c.request) + ": analytic " + format_bytes(ok[i]->per_gpu.total_device) +
-                                            ", simulated " + format_bytes(c.total_device) + " (the caching allocator's fragmentation)");
+                                            ", simulated " + (stopped ? "at least " : "") + format_bytes(c.total_device) +
+                                            " (the caching allocator's fragmentation" +
+                                            (stopped ? "; the simulation stopped at stage " + std::to_string(sims[i]->simulation->stopped_at_stage) +
+                                                           ", the first that does not fit)"
+                                                     : std::string(")")));
                     ++dropped;
                     continue;  // the simulation disagrees: not offered
                 }

@@ -117,7 +117,17 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             return a.index < b.index;
         };
         std::vector<Bytes> peak_alloc(candidates.size()), peak_res(candidates.size());
-        std::optional<RankRun> best;
+        // The ranks are simulated heaviest first by their analytic peaks
+        // (ties: the lower rank), each run kept by its position in that order.
+        std::vector<std::size_t> order(candidates.size());
+        for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+            return par.stages[static_cast<std::size_t>(candidates[a])].allocated > par.stages[static_cast<std::size_t>(candidates[b])].allocated;
+        });
+        std::vector<std::optional<RankRun>> runs(candidates.size());
+        // SimulateOptions::stop_above: the first position whose rank needs more
+        // (positions are handed out in order, so every one before it ran).
+        std::size_t stop_at = candidates.size();
         std::string too_large;
         std::mutex mutex;
         // This thread's spare trace storage is freed when the estimate ends,
@@ -130,11 +140,13 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
                 if (on) sim::release_trace_storage();
             }
         } release{!sopt.keep_trace_storage};
-        parallel_for(candidates.size(), sopt.threads, [&](std::size_t i) {
+        parallel_for(candidates.size(), sopt.threads, [&](std::size_t pos) {
             {
                 const std::lock_guard<std::mutex> lock(mutex);
                 if (!too_large.empty()) return;  // the answer is the analytic one: no more ranks
+                if (stop_at < pos) return;       // a rank before it needs more than stop_above
             }
+            const std::size_t i = order[pos];
             const std::int64_t stage = candidates[i];
             sim::StepTraceOptions so;
             so.parallel = &par;
@@ -220,9 +232,26 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             // labels, checkpoints and notes), so a thread touches one trace's
             // pages, not one per rank kept in between.
             sim::recycle_trace_events(run.trace.trace.events);
+            const bool over = sopt.stop_above > Bytes(0) && reserved(run.rep) + context > sopt.stop_above;
             const std::lock_guard<std::mutex> lock(mutex);
-            if (!best || better(run, *best)) best = std::move(run);
+            if (over) stop_at = std::min(stop_at, pos);
+            // A run beaten by one at an earlier position is never kept (that
+            // one counts whenever it does): it is dropped at once, and so are
+            // the later runs it beats. Few runs are held (a 32-rank pipeline
+            // held all 32 runs' labels and timelines: 140 -> 250 MiB).
+            for (std::size_t q = 0; q < pos; ++q)
+                if (runs[q] && better(*runs[q], run)) return;
+            for (std::size_t q = pos + 1; q < runs.size(); ++q)
+                if (runs[q] && better(run, *runs[q])) runs[q].reset();
+            runs[pos] = std::move(run);
         });
+        // The rank kept: the best of the positions up to stop_at (all of
+        // them, without a stop), the same whatever the threads.
+        std::optional<RankRun> best;
+        const std::size_t last = std::min(stop_at, candidates.size() - 1);
+        for (std::size_t pos = 0; pos <= last && too_large.empty(); ++pos)
+            if (runs[pos] && (!best || better(*runs[pos], *best))) best = std::move(runs[pos]);
+        const bool stopped = stop_at + 1 < candidates.size() && best;
         // Too long to simulate within bounded time and memory: the analytic
         // estimate (r, untouched so far), exactly what --analytic prints
         // (finished: error band, calibration), said so.
@@ -233,7 +262,8 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             finish_estimate(r);
             return r;
         }
-        for (std::size_t i = 0; i < candidates.size(); ++i) {
+        for (std::size_t pos = 0; pos <= last; ++pos) {
+            const std::size_t i = order[pos];
             StageMemory& sm = par.stages[static_cast<std::size_t>(candidates[i])];
             sm.simulated = true;
             sm.simulated_peak_allocated = peak_alloc[i];
@@ -293,6 +323,11 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         }
         s.notes = st.notes;
         s.approximate = st.approximate;
+        if (stopped) s.stopped_at_stage = candidates[order[last]];
+        if (stopped)
+            s.notes.push_back("stopped after " + std::to_string(last + 1) + " of " + std::to_string(candidates.size()) +
+                              " stages (heaviest first by the analytic peaks): stage " + std::to_string(candidates[order[last]]) + " needs more than " +
+                              format_bytes(sopt.stop_above) + ", so the job does not fit that; the peak shown is the largest of the stages simulated");
         if (rep.phases_left_out > 0)
             s.notes.push_back("per-phase rows: " + std::to_string(rep.phases_left_out) +
                               " rows of the steady state's repeated micro-batches not listed (they repeat the rows before them)");

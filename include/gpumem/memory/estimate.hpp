@@ -119,6 +119,11 @@ struct SimulationSummary {
     // The step trace was cut without an exact steady state (sim/step.hpp's
     // StepTrace::approximate): within 1% of a full replay on the test grids.
     bool approximate = false;
+    // sim/simulate.hpp SimulateOptions::stop_above: the stage that needed
+    // more, after which no other was simulated (the peaks are the largest of
+    // those simulated: the job needs at least that), or -1: every stage whose
+    // analytic peak is within 15% of the largest was simulated.
+    std::int64_t stopped_at_stage = -1;
 };
 
 // A low / expected / high range for one figure (memory/uncertainty.hpp).

@@ -31,6 +31,15 @@ struct SimulateOptions {
     // into pages already touched, and calls sim::release_trace_storage() when
     // it is done. The answers do not depend on it.
     bool keep_trace_storage = false;
+    // Stop simulating pipeline ranks once one needs more than this (its
+    // reserved peak plus the CUDA context and NCCL buffers; 0: never): the
+    // job's total is at least that whatever the other ranks need, which is
+    // all a caller asking "does it fit within this?" needs (the planner's
+    // confirmations). The ranks run heaviest first by their analytic peaks;
+    // the answer is then the largest of the ranks up to the first that needs
+    // more (the same whatever the threads), with a note. A job that fits is
+    // simulated whole.
+    Bytes stop_above;
 };
 
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req);
