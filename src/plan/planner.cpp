@@ -498,7 +498,11 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         std::condition_variable state_changed;
         std::size_t next = 0;
         bool failed = false;
-        auto take = [&]() -> std::optional<std::size_t> {
+        struct Taken {
+            std::size_t k;
+            bool last;  // no other candidate can start until a running one ends
+        };
+        auto take = [&]() -> std::optional<Taken> {
             std::unique_lock<std::mutex> lock(state_mutex);
             for (;;) {
                 if (failed || next >= tries) return std::nullopt;
@@ -507,8 +511,9 @@ Result<PlanResult> plan(const PlanRequest& pr) {
                     fit += state[j] == Sim::Fits ? 1 : 0;
                     running += state[j] == Sim::Pending ? 1 : 0;
                 }
-                if (fit >= want) return std::nullopt;      // the walk ends before `next`
-                if (fit + running < want) return next++;  // the walk reaches `next` whatever the running ones give
+                if (fit >= want) return std::nullopt;  // the walk ends before `next`
+                // The walk reaches `next` whatever the running ones give.
+                if (fit + running < want) return Taken{next++, fit + running + 1 >= want || next + 1 >= tries};
                 state_changed.wait(lock);
             }
         };
@@ -521,9 +526,13 @@ Result<PlanResult> plan(const PlanRequest& pr) {
             state_changed.notify_all();
         };
         const std::size_t workers = parallel_width(tries, pr.threads);
-        // The threads left over simulate a candidate's pipeline ranks side by side.
+        // The threads left over simulate a candidate's pipeline ranks side by
+        // side; so does every core for a candidate after which the walk waits
+        // (the other workers would idle: `plan llama-3.1-405b --gpus 16384`
+        // ended on one 32-rank candidate simulated on one core).
         SimulateOptions so;
         so.threads = static_cast<int>(std::max<std::size_t>(1, parallel_width(kMaxThreads, pr.threads) / std::max<std::size_t>(1, workers)));
+        const int all_threads = static_cast<int>(parallel_width(kMaxThreads, pr.threads));
         // Each worker writes its next candidate's traces into the storage of
         // the last one (sim/simulate.hpp keep_trace_storage) and frees it when
         // it is done (with replay()'s tables and the runs' events handed on:
@@ -538,14 +547,17 @@ Result<PlanResult> plan(const PlanRequest& pr) {
             struct ReleaseSpare {
                 ~ReleaseSpare() { sim::release_trace_storage(); }
             } release;
-            while (const auto k = take()) {
+            while (const auto t = take()) {
+                const std::size_t k = t->k;
                 try {
-                    auto sim = simulate_estimate(g, cands[*k].request, so);
+                    SimulateOptions mine = so;
+                    if (t->last) mine.threads = all_threads;
+                    auto sim = simulate_estimate(g, cands[k].request, mine);
                     const bool fits = sim && static_cast<double>(sim->per_gpu.total_device.count()) <= capacity;
-                    if (sim) sims[*k] = std::move(sim).value();
-                    settle(*k, fits ? Sim::Fits : Sim::NoFit);
+                    if (sim) sims[k] = std::move(sim).value();
+                    settle(k, fits ? Sim::Fits : Sim::NoFit);
                 } catch (...) {
-                    settle(*k, Sim::Pending);  // stops the other threads (parallel_for rethrows)
+                    settle(k, Sim::Pending);  // stops the other threads (parallel_for rethrows)
                     throw;
                 }
             }
