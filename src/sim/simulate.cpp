@@ -248,8 +248,10 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         // The rank kept: the best of the positions up to stop_at (all of
         // them, without a stop), the same whatever the threads.
         std::optional<RankRun> best;
-        const std::size_t last = std::min(stop_at, candidates.size() - 1);
-        for (std::size_t pos = 0; pos <= last && too_large.empty(); ++pos)
+        // (Positions 0 to `last`: the ranks whose runs count.)
+        const std::size_t counted = std::min(stop_at + 1, candidates.size());
+        const std::size_t last = counted > 0 ? counted - 1 : 0;
+        for (std::size_t pos = 0; pos < counted && too_large.empty(); ++pos)
             if (runs[pos] && (!best || better(*runs[pos], *best))) best = std::move(runs[pos]);
         const bool stopped = stop_at + 1 < candidates.size() && best;
         // Too long to simulate within bounded time and memory: the analytic
@@ -262,7 +264,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             finish_estimate(r);
             return r;
         }
-        for (std::size_t pos = 0; pos <= last; ++pos) {
+        for (std::size_t pos = 0; pos < counted; ++pos) {
             const std::size_t i = order[pos];
             StageMemory& sm = par.stages[static_cast<std::size_t>(candidates[i])];
             sm.simulated = true;
