@@ -24,6 +24,16 @@ namespace {
 
 sim::StepTrace build(const EstimateRequest& r) { return test::grid_step_trace(r); }
 
+// 8 jobs each of one GPU, pipelines and inference, drawn from `seed`.
+std::vector<test::GridJob> three_kinds(std::uint64_t seed) {
+    std::vector<test::GridJob> jobs;
+    for (const auto kind : {test::GridKind::Single, test::GridKind::Pipeline, test::GridKind::Inference}) {
+        auto part = test::job_grid(kind, 8, seed + static_cast<std::uint64_t>(kind));
+        jobs.insert(jobs.end(), part.begin(), part.end());
+    }
+    return jobs;
+}
+
 // The trace as text: every event's fields, the cuts, labels, checkpoints, notes.
 std::string dump(const sim::StepTrace& t) {
     std::string s;
@@ -47,11 +57,7 @@ std::string fresh(const EstimateRequest& r) {
 }
 
 TEST(TraceStorage, ReusedStorageGivesTheSameTrace) {
-    std::vector<test::GridJob> jobs;
-    for (const auto kind : {test::GridKind::Single, test::GridKind::Pipeline, test::GridKind::Inference}) {
-        auto part = test::job_grid(kind, 8, 31 + static_cast<std::uint64_t>(kind));
-        jobs.insert(jobs.end(), part.begin(), part.end());
-    }
+    const std::vector<test::GridJob> jobs = three_kinds(31);
     ASSERT_GE(jobs.size(), 20U);
     int checked = 0;
     std::thread([&] {
@@ -102,11 +108,7 @@ std::string fresh_replay(const sim::Trace& t, const sim::ReplayOptions& ro) {
 }
 
 TEST(TraceStorage, ReplayTablesHandedOnGiveTheSameAnswer) {
-    std::vector<test::GridJob> jobs;
-    for (const auto kind : {test::GridKind::Single, test::GridKind::Pipeline, test::GridKind::Inference}) {
-        auto part = test::job_grid(kind, 8, 57 + static_cast<std::uint64_t>(kind));
-        jobs.insert(jobs.end(), part.begin(), part.end());
-    }
+    const std::vector<test::GridJob> jobs = three_kinds(57);
     ASSERT_GE(jobs.size(), 20U);
     std::vector<sim::StepTrace> traces;
     for (const auto& j : jobs) traces.push_back(build(j.req));
