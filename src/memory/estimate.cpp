@@ -62,11 +62,15 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
     if (!resolved) return resolved.error();
     return capture([&]() -> EstimateResult {
         EstimateResult out;
-        out.job = std::make_shared<const Job>(std::move(resolved).value());
+        Job resolved_job = std::move(resolved).value();
+        // (Moved, not copied: nothing reads the job's own.)
+        out.assumptions = std::move(resolved_job.assumptions);
+        out.warnings = std::move(resolved_job.warnings);
+        resolved_job.assumptions.clear();
+        resolved_job.warnings.clear();
+        out.job = std::make_shared<const Job>(std::move(resolved_job));
         const Job& job = *out.job;
         const EstimateRequest& req = job.req;
-        out.assumptions = job.assumptions;
-        out.warnings = job.warnings;
         out.model_name = g.name;
         out.model_source = g.source;
         out.family = g.family;

@@ -70,7 +70,7 @@ Bytes Fp8WeightAllocs::total() const {
     return s;
 }
 
-Fp8WeightAllocs fp8_weight_allocs(const Job& job, const Param& prm, const std::vector<std::int64_t>& shape) {
+Fp8WeightAllocs fp8_weight_allocs(const Job& job, const Param& prm, const Shape& shape) {
     Fp8WeightAllocs a;
     if (!te_weight_cache(job) || !prm.linear_weight || prm.output_head || prm.component == Component::Router || shape.size() < 2) return a;
     std::int64_t rows = 1;

@@ -221,6 +221,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad;
     std::vector<Bytes> gather_of, grad_of, kept_grad_of, seq_sizes;
     std::vector<int> seq_kind;
+    std::vector<PipelineRun> schedule_runs;
     for (std::int64_t r = 0; r < p; ++r) {
         StageMemory sm;
         sm.stage = r;
@@ -535,7 +536,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             loads.all_grads = G;
             loads.always_grads = job.req.zero_grad == ZeroGrad::Zero || grad_buffer;
             loads.embedding_rank = r == 0;
-            walk = walk_schedule(loads, pipeline_schedule_runs(p, vpp, m_sim, r));
+            pipeline_schedule_runs(p, vpp, m_sim, r, schedule_runs);
+            walk = walk_schedule(loads, schedule_runs);
         }
         const auto& [act_peak, act_nl_peak, kept_gather, g_at_peak, inflight_peak, end_base, end_first_layer, end_emb_new, end_emb_acc, end_emb_new_seen,
                      end_emb_acc_seen] = walk;
@@ -584,8 +586,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 Bytes act, tmp, gather;  // activations alive, temporaries, gathered parameters
                 Bytes layers;            // the transformer layers' part of act + tmp (Megatron's CUDA graph pool)
             };
-            std::vector<Moment> moments;
-            moments.reserve(8);
+            static thread_local std::vector<Moment> moments;  // (one allocation per thread, not per rank)
+            moments.clear();
             const Bytes layer_act_peak = act_peak - std::min(act_peak, act_nl_peak);
             // Forward start: the embedding's gathered parameters and the first layer's prefetch.
             // A loop that holds the logits holds the previous micro-batch's

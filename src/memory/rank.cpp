@@ -39,8 +39,8 @@ bool tp_split(const Param& p) {
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return b <= 1 ? a : (a + b - 1) / b; }
 }  // namespace
 
-std::vector<std::int64_t> rank_param_shape(const Param& prm, std::int64_t tp) {
-    std::vector<std::int64_t> shape = prm.shape;
+Shape rank_param_shape(const Param& prm, std::int64_t tp) {
+    Shape shape = prm.shape;
     if (tp_split(prm) && !shape.empty()) shape[0] = ceil_div(shape[0], tp);
     return shape;
 }

@@ -81,13 +81,19 @@ std::vector<PipelineOp> pipeline_schedule(std::int64_t pp, std::int64_t vpp, std
 }
 
 std::vector<PipelineRun> pipeline_schedule_runs(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank) {
+    std::vector<PipelineRun> runs;
+    pipeline_schedule_runs(pp, vpp, m, rank, runs);
+    return runs;
+}
+
+void pipeline_schedule_runs(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank, std::vector<PipelineRun>& runs) {
+    runs.clear();
     vpp = std::max<std::int64_t>(1, vpp);
     pp = std::max<std::int64_t>(1, pp);
     const std::int64_t total = checked_mul(m, vpp);
     const std::int64_t warm = pipeline_warmup(pp, vpp, m, rank);
     // pipeline_schedule's cursors, advanced a run at a time.
     ScheduleCursor fwd{pp, vpp, true}, bwd{pp, vpp, false};
-    std::vector<PipelineRun> runs;
     auto push = [&](std::int64_t f, std::int64_t b, std::int64_t n) {
         if (!runs.empty() && runs.back().fwd == f && runs.back().bwd == b) runs.back().count += n;
         else runs.push_back({f, b, n});
@@ -111,7 +117,6 @@ std::vector<PipelineRun> pipeline_schedule_runs(std::int64_t pp, std::int64_t vp
         bwd.advance(n);
         left -= n;
     }
-    return runs;
 }
 
 namespace {

@@ -497,7 +497,7 @@ void StepBuilder::param_grad(Bytes bytes, std::int32_t label, const std::vector<
 std::vector<std::int64_t> StepBuilder::param_state_shape(std::size_t block, std::int32_t param) const {
     const std::int64_t tp = std::max<std::int64_t>(1, job_.layout.cfg.tp);
     for (const auto& rt : tensors_)
-        if (rt.block == static_cast<std::int32_t>(block) && rt.param == param) return state_tensor(g_, rt, shard_opt_, tp).shape;
+        if (rt.block == static_cast<std::int32_t>(block) && rt.param == param) return state_tensor(g_, rt, shard_opt_, tp).shape.to_vector();
     return {};
 }
 
@@ -746,7 +746,7 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
                 if (!rt.trainable || rt.block != static_cast<std::int32_t>(pi)) continue;
                 std::int64_t inst = 0;
                 for (auto v : par_->instance_stage[pi]) inst += (v % pp_) == rank_ ? 1 : 0;
-                for (std::int64_t k = 0; k < rt.copies / std::max<std::int64_t>(1, inst); ++k) step.push_back(state_tensor(g_, rt, shard_opt_, tp).shape);
+                for (std::int64_t k = 0; k < rt.copies / std::max<std::int64_t>(1, inst); ++k) step.push_back(state_tensor(g_, rt, shard_opt_, tp).shape.to_vector());
             }
         }
         param_grad(block_grad_[pi].ceil_div(job_.layout.shard), glabel, step);

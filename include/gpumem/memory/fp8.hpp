@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "gpumem/core/bytes.hpp"
+#include "gpumem/core/shape.hpp"
 #include "gpumem/memory/request.hpp"
 #include "gpumem/model/graph.hpp"
 
@@ -88,7 +89,7 @@ struct Fp8WeightAllocs {
     std::vector<Bytes> state;   // delayed scaling's scales and amax history
     [[nodiscard]] Bytes total() const;
 };
-Fp8WeightAllocs fp8_weight_allocs(const Job& job, const Param& prm, const std::vector<std::int64_t>& shape);
+Fp8WeightAllocs fp8_weight_allocs(const Job& job, const Param& prm, const Shape& shape);
 
 // The assumptions line of a recipe (printed with every estimate using it).
 std::string fp8_assumption(Fp8Recipe r, Framework f);

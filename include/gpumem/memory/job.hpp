@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpumem/core/bytes.hpp"
+#include "gpumem/core/shape.hpp"
 #include "gpumem/core/result.hpp"
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/framework.hpp"
@@ -26,7 +27,7 @@ namespace gpumem {
 
 // One trainable tensor shape (count identical tensors).
 struct TrainTensor {
-    std::vector<std::int64_t> shape;
+    Shape shape;  // (core/shape.hpp: inline, no allocation)
     std::int64_t count = 1;
     [[nodiscard]] std::int64_t numel() const {
         std::int64_t n = count;
@@ -93,6 +94,8 @@ struct Job {
     // The graph as the framework's kernels run it (model/rewrite.hpp); null
     // when it is the input graph. Read through job_graph().
     std::shared_ptr<const ModelGraph> graph;
+    // What resolving said; analytic_estimate moves them into its result
+    // (EstimateResult::assumptions / warnings), so the result's job holds none.
     std::vector<std::string> assumptions;
     std::vector<std::string> warnings;
 };

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gpumem/core/bytes.hpp"
+#include "gpumem/core/shape.hpp"
 #include "gpumem/core/dtype.hpp"
 #include "gpumem/core/result.hpp"
 
@@ -138,6 +139,8 @@ struct PipelineRun {
     std::int64_t fwd = -1, bwd = -1, count = 0;
 };
 std::vector<PipelineRun> pipeline_schedule_runs(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank);
+// The same into `runs` (cleared; its storage reused rank after rank).
+void pipeline_schedule_runs(std::int64_t pp, std::int64_t vpp, std::int64_t m, std::int64_t rank, std::vector<PipelineRun>& runs);
 
 // ---- one rank's schedule walked -----------------------------------------------
 // What a forward of model chunk ch adds until its backward (act; nl: the part
@@ -183,7 +186,7 @@ std::int64_t pipeline_steady_micro_batches(std::int64_t pp, std::int64_t vpp, st
 // states are split over. The analytic model and the step simulation both read
 // this list, so their model states cannot differ.
 struct RankTensor {
-    std::vector<std::int64_t> shape;  // one tensor on this rank (first dimension split over tp)
+    Shape shape;                  // one tensor on this rank (first dimension split over tp)
     std::int64_t elems = 0;       // its elements, before dp sharding
     std::int64_t copies = 1;      // identical tensors on the rank
     std::int64_t shard = 1;       // dp ranks its sharded states are split over
@@ -288,7 +291,7 @@ struct Param;
 std::int64_t rank_param_elems(const Param& prm, std::int64_t tp);
 // The shape of one tensor of a parameter on a rank (its first dimension split
 // over tp where the parameter is split): RankTensor::shape.
-std::vector<std::int64_t> rank_param_shape(const Param& prm, std::int64_t tp);
+Shape rank_param_shape(const Param& prm, std::int64_t tp);
 
 // The parameter tensors of pipeline rank `rank` (all of them for one GPU).
 std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, const std::vector<std::vector<std::int32_t>>& instance_stage,
