@@ -216,12 +216,19 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         if (it == chunk_activations.end()) it = chunk_activations.emplace(chunk_key, saved_activations(g, ctx, &inst, input_rg, memo)).first;
         return it->second;
     };
-    // Per-rank scratch, sized once (the rank loop ran ~70 allocations a rank).
-    std::vector<std::int64_t> rank_inst, chunk_inst;
-    std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad;
-    std::vector<Bytes> gather_of, grad_of, kept_grad_of, seq_sizes;
-    std::vector<int> seq_kind;
-    std::vector<PipelineRun> schedule_runs;
+    // Per-rank scratch, sized once (the rank loop ran ~70 allocations a
+    // rank) and kept per thread (a dozen allocations an estimate); each is
+    // assigned or cleared before it is read. parallel_memory does not nest.
+    struct Scratch {
+        std::vector<std::int64_t> rank_inst, chunk_inst;
+        std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad;
+        std::vector<Bytes> gather_of, grad_of, kept_grad_of, seq_sizes;
+        std::vector<int> seq_kind;
+        std::vector<PipelineRun> schedule_runs;
+    };
+    static thread_local Scratch scratch;
+    auto& [rank_inst, chunk_inst, chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad, gather_of, grad_of, kept_grad_of, seq_sizes, seq_kind,
+           schedule_runs] = scratch;
     for (std::int64_t r = 0; r < p; ++r) {
         StageMemory sm;
         sm.stage = r;
