@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <utility>
 
 #include "gpumem/memory/features.hpp"
 #include "gpumem/memory/fp8.hpp"
@@ -64,10 +65,8 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         EstimateResult out;
         Job resolved_job = std::move(resolved).value();
         // (Moved, not copied: nothing reads the job's own.)
-        out.assumptions = std::move(resolved_job.assumptions);
-        out.warnings = std::move(resolved_job.warnings);
-        resolved_job.assumptions.clear();
-        resolved_job.warnings.clear();
+        out.assumptions = std::exchange(resolved_job.assumptions, {});
+        out.warnings = std::exchange(resolved_job.warnings, {});
         out.job = std::make_shared<const Job>(std::move(resolved_job));
         const Job& job = *out.job;
         const EstimateRequest& req = job.req;

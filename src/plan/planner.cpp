@@ -512,8 +512,12 @@ Result<PlanResult> plan(const PlanRequest& pr) {
                     running += state[j] == Sim::Pending ? 1 : 0;
                 }
                 if (fit >= want) return std::nullopt;  // the walk ends before `next`
-                // The walk reaches `next` whatever the running ones give.
-                if (fit + running < want) return Taken{next++, fit + running + 1 >= want || next + 1 >= tries};
+                if (fit + running < want) {  // the walk reaches `next` whatever the running ones give
+                    const std::size_t k = next++;
+                    // With k running, the walk waits for a result before the
+                    // next candidate (or has none left).
+                    return Taken{k, fit + running + 1 >= want || next >= tries};
+                }
                 state_changed.wait(lock);
             }
         };
@@ -544,9 +548,7 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         // candidates `plan llama-3.1-405b --gpus 16384` simulates do not fit.
         so.stop_above = Bytes(static_cast<std::int64_t>(std::floor(capacity)));
         parallel_for(workers, pr.threads, [&](std::size_t) {
-            struct ReleaseSpare {
-                ~ReleaseSpare() { sim::release_trace_storage(); }
-            } release;
+            const sim::ReleaseTraceStorageAtExit release;
             while (const auto t = take()) {
                 const std::size_t k = t->k;
                 try {

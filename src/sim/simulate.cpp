@@ -134,12 +134,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         // on every path, unless the caller keeps it for its next simulation
         // (SimulateOptions::keep_trace_storage). The workers' spares go with
         // their threads.
-        struct ReleaseSpare {
-            bool on;
-            ~ReleaseSpare() {
-                if (on) sim::release_trace_storage();
-            }
-        } release{!sopt.keep_trace_storage};
+        const sim::ReleaseTraceStorageAtExit release{!sopt.keep_trace_storage};
         parallel_for(candidates.size(), sopt.threads, [&](std::size_t pos) {
             {
                 const std::lock_guard<std::mutex> lock(mutex);

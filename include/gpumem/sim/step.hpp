@@ -130,5 +130,13 @@ void recycle_trace_storage(StepTrace&& t);
 // labels, checkpoints and notes): `events` is left empty.
 void recycle_trace_events(std::vector<TraceEvent>& events);
 void release_trace_storage();
+// Calls release_trace_storage when it goes out of scope, on every path out
+// (unless `on` is false: a caller that keeps the spares for its next job).
+struct ReleaseTraceStorageAtExit {
+    bool on = true;
+    ~ReleaseTraceStorageAtExit() {
+        if (on) release_trace_storage();
+    }
+};
 
 }  // namespace gpumem::sim
