@@ -29,7 +29,7 @@ void StepBuilder::inference() {
         std::int64_t x = 0;
         if (!first_vstage(0) && td && !units.empty()) {
             const std::int64_t rows = checked_mul(job_.req.batch, plans[units.front().first].seq);
-            x = em_.alloc(dtype_bytes(job_.actx.stream, checked_mul(rows, td->hidden)), em_.label("pipeline receive buffer"));
+            x = em_.alloc(dtype_bytes(job_.actx.stream, checked_mul(rows, td->hidden)), recv_label());
         }
         std::size_t layer = 0;
         for (const auto& [pi, n] : units) {

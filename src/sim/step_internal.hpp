@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -89,7 +91,16 @@ public:
             out.push_back(r);
         }
     }
-    std::int32_t label(std::string s) { return t_.add_label(std::move(s)); }
+    // One entry of the trace's labels per distinct text: a label is built per
+    // micro-batch and layer (a 405B interleaved pipeline rank named 34,890
+    // tensors with 83 texts; building and keeping every copy was about a
+    // tenth of its trace building). Readers map an index to its text only
+    // (replay's bytes by label, top tensors), so sharing one changes no answer.
+    std::int32_t label(std::string s) {
+        const auto [it, added] = label_index_.try_emplace(std::move(s), 0);
+        if (added) it->second = t_.add_label(it->first);
+        return it->second;
+    }
 
 private:
     void push(const TraceEvent& e) {
@@ -102,6 +113,7 @@ private:
     Bytes live_;
     bool track_ = false;
     std::set<std::int64_t> live_ids_;
+    std::unordered_map<std::string, std::int32_t> label_index_;
 };
 
 // Facts of one block resolved for the job and a sequence length.
@@ -119,6 +131,7 @@ struct BlockPlan {
     std::vector<char> has_weight;     // per op
     std::vector<Bytes> weight_cast;   // per op: autocast 16-bit copy of its weights
     std::vector<char> weight_cast_uncached;  // per op: a frozen weight's per-call cast (not in autocast's cache)
+    std::vector<std::int32_t> weight_cast_label;  // per op with a weight_cast: its label
     std::vector<Bytes> dequant;       // per op: 4-bit weight dequantized for the matmul
     std::vector<Bytes> tied_grad;     // per op reading a weight owned elsewhere: its gradient on this rank
     std::vector<std::vector<Bytes>> param_grads;  // per op: one entry per trainable param tensor
@@ -223,6 +236,15 @@ private:
     bool ws_main_ = false, ws_autograd_ = false;
     bool skipped_detection_ = false;
     std::int32_t param_grad_label_ = -1;
+    // Labels of a block's tensors made at every forward or backward of it,
+    // made once per block plan (Emitter::label).
+    enum class PlanLabel : std::uint8_t { Gathered, Logsumexp, ActivationGradients };
+    std::array<std::vector<std::int32_t>, 3> plan_labels_;
+    std::int32_t plan_label(PlanLabel kind, const BlockPlan& p);
+    // The pipeline's receive buffers, one per micro-batch and chunk: their labels made once.
+    std::int32_t recv_label_ = -1, recv_grad_label_ = -1;
+    std::int32_t recv_label() { return recv_label_ >= 0 ? recv_label_ : (recv_label_ = em_.label("pipeline receive buffer")); }
+    std::int32_t recv_grad_label() { return recv_grad_label_ >= 0 ? recv_grad_label_ : (recv_grad_label_ = em_.label("pipeline receive buffer (gradient)")); }
     // The rank: pipeline position, its chunks' blocks, its tensors.
     const ParallelResult* par_ = nullptr;
     std::int64_t rank_ = 0, pp_ = 1, vpp_ = 1;

@@ -96,7 +96,7 @@ std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
     if (!first_vstage(chunk) && g_.transformer && !units.empty()) {
         // Activations received from the previous stage.
         const Bytes in = dtype_bytes(job_.actx.stream, checked_mul(checked_mul(job_.req.batch, plans_[units.front().first].seq), g_.transformer->hidden));
-        x = em_.alloc(job_.layout.cfg.sp ? in.ceil_div(job_.layout.cfg.tp) : in, em_.label("pipeline receive buffer"));
+        x = em_.alloc(job_.layout.cfg.sp ? in.ceil_div(job_.layout.cfg.tp) : in, recv_label());
         rg = true;
     }
     for (std::size_t u = 0; u < units.size(); ++u) {
@@ -163,7 +163,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
         // The gradient of this stage's output, received from the next stage.
         const Instance& top = stack.back();
         const auto out_st = static_cast<std::size_t>(top.plan->storage[static_cast<std::size_t>(top.plan->blk->output)]);
-        g = em_.alloc(top.plan->bytes[out_st], em_.label("pipeline receive buffer (gradient)"));
+        g = em_.alloc(top.plan->bytes[out_st], recv_grad_label());
     }
     if (bucket_ == 0 && job_.layout.dp > 1 && job_.train && !job_.lora) {
         // Persistent communication buckets: torch DDP copies gradients into flat

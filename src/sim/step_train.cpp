@@ -2,6 +2,7 @@
 // tensors each op allocates, saves for backward and frees, gradients, autocast
 // copies, recompute, and ZeRO-3 / FSDP parameter gathering (see gpumem/sim/step.hpp).
 #include <algorithm>
+#include <functional>
 
 #include "gpumem/memory/features.hpp"
 #include "gpumem/memory/fp8.hpp"
@@ -60,6 +61,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
     p.has_weight.assign(nops, 0);
     p.weight_cast.assign(nops, Bytes(0));
     p.weight_cast_uncached.assign(nops, 0);
+    p.weight_cast_label.assign(nops, -1);
     p.dequant.assign(nops, Bytes(0));
     p.tied_grad.assign(nops, Bytes(0));
     p.param_grads.assign(nops, {});
@@ -123,6 +125,8 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
             p.weight_cast[o] = dtype_bytes(c.lowered, elems);
             p.weight_cast_uncached[o] = 1;
         }
+        // (The copy is made at every forward of the op: its label once here.)
+        if (p.weight_cast[o] > Bytes(0)) p.weight_cast_label[o] = em.label(b.name + "." + op.name + " (autocast weight copy)");
         if (job.lora && !inference && lora_applies(op, c.lora_targets)) {
             p.lora[o] = 1;
             const auto x = static_cast<std::size_t>(op.inputs.front());
@@ -165,13 +169,34 @@ void StepBuilder::workspace(bool autograd_thread) {
     em_.alloc(opt_.cublas_workspace, em_.label(autograd_thread ? "cuBLAS workspace (autograd thread)" : "cuBLAS workspace (main thread)"));
 }
 
+std::int32_t StepBuilder::plan_label(PlanLabel kind, const BlockPlan& p) {
+    auto text = [&] {
+        const std::string& name = p.blk->name;
+        switch (kind) {
+            case PlanLabel::Gathered: return name + " (gathered parameters)";
+            case PlanLabel::Logsumexp: return name + ".attention.logsumexp";
+            case PlanLabel::ActivationGradients: return name + " (activation gradients)";
+        }
+        return name;
+    };
+    // (A plan outside plans_, inference's decode plans: not cached.)
+    const std::less<const BlockPlan*> before;
+    if (before(&p, plans_.data()) || !before(&p, plans_.data() + plans_.size())) return em_.label(text());
+    const auto plan = static_cast<std::size_t>(&p - plans_.data());
+    auto& cache = plan_labels_[static_cast<std::size_t>(kind)];
+    if (cache.size() != plans_.size()) cache.assign(plans_.size(), -1);
+    std::int32_t& l = cache[plan];
+    if (l < 0) l = em_.label(text());
+    return l;
+}
+
 std::int64_t StepBuilder::gather(std::size_t plan, Bytes next) {
     // The layer's parameters (the prefetched part becomes part of them), then
     // the next layer's prefetch: FSDP's BACKWARD_PRE / forward prefetch gathers
     // the whole next unit, DeepSpeed ZeRO-3 up to stage3_prefetch_bucket_size
     // elements (deepspeed/runtime/zero/config.py L208, 5e7), both capped by
     // stage3_max_live_parameters (L231, 1e9).
-    const std::int32_t label = em_.label(plans_[plan].blk->name + " (gathered parameters)");
+    const std::int32_t label = plan_label(PlanLabel::Gathered, plans_[plan]);
     const Bytes size = block_gather_[plan];
     em_.unref(prefetched_);
     prefetched_ = 0;
@@ -268,13 +293,13 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
                 const bool dec_q = b.tensors[static_cast<std::size_t>(s.q)].axis != SeqAxis::Main && c.decoder_seq > 0;
                 in.saves[o].push_back(em_.alloc(dtype_bytes(DType::F32, (checked_mul(checked_mul(c.batch, s.heads), dec_q ? c.decoder_seq : p.seq) + c.tp - 1) /
                                                                             std::max<std::int64_t>(1, c.tp)),
-                                                em_.label(b.name + ".attention.logsumexp")));
+                                                plan_label(PlanLabel::Logsumexp, p)));
             }
             if (rg && sac) {
                 em_.ref(in.gid[ost]);
                 in.extra.push_back(in.gid[ost]);
                 in.extra.push_back(em_.alloc(dtype_bytes(DType::F32, (checked_mul(checked_mul(c.batch, s.heads), p.seq) + c.tp - 1) / std::max<std::int64_t>(1, c.tp)),
-                                             em_.label(b.name + ".attention.logsumexp")));
+                                             plan_label(PlanLabel::Logsumexp, p)));
             }
             for (auto t : {s.q, s.k, s.v}) read_done(t);
             if (uses[ost] == 0) em_.unref(in.gid[ost]);
@@ -354,7 +379,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
         // Autocast caches a 16-bit copy of each fp32 weight for the forward; the
         // matmul keeps it for backward when its input needs a gradient.
         if (grad_mode && p.weight_cast[o] > Bytes(0)) {
-            const auto w = em_.alloc(p.weight_cast[o], em_.label(b.name + "." + op.name + " (autocast weight copy)"));
+            const auto w = em_.alloc(p.weight_cast[o], p.weight_cast_label[o]);
             if (keep_saves && any_in_rg) in.saves[o].push_back(w);
             else if (p.weight_cast_uncached[o]) em_.unref(w);
             else dropped_casts_.push_back(w);
@@ -540,7 +565,7 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
     const auto st0 = static_cast<std::size_t>(p.storage[0]);
     grad[out_st] = out_grad;
     bool recomputed_core = false;
-    const std::int32_t glabel = em_.label(b.name + " (activation gradients)");
+    const std::int32_t glabel = plan_label(PlanLabel::ActivationGradients, *in.plan);
     const auto pi = static_cast<std::size_t>(in.plan - plans_.data());
     std::int64_t gathered = 0, full_grads = 0;
     std::vector<std::int64_t> tied_done;  // tied-weight gradients folded into this block's reduce-scatter
