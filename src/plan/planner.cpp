@@ -547,6 +547,8 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         // drops it; the line says what that rank needs). Three of the six
         // candidates `plan llama-3.1-405b --gpus 16384` simulates do not fit.
         so.stop_above = Bytes(static_cast<std::int64_t>(std::floor(capacity)));
+        // Only the peaks are read: no timeline.
+        so.timeline = false;
         parallel_for(workers, pr.threads, [&](std::size_t) {
             const sim::ReleaseTraceStorageAtExit release;
             while (const auto t = take()) {

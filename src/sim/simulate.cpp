@@ -96,6 +96,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
         const Bytes context = r.per_gpu.cuda_context + par.nccl_outside;
         const Bytes capacity = j.capacity > context ? j.capacity - context : Bytes(0);
         base_ro.top_tensors = 10;
+        base_ro.record_timeline = sopt.timeline;
 
         // One rank's simulation. Ranks run side by side (core/parallel.hpp);
         // the one kept is the same whatever the threads: a rank that runs out

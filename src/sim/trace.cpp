@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -56,13 +57,16 @@ public:
         if (opt.mode == AllocatorMode::PyTorch) alloc_.emplace(opt.config, opt.capacity);
     }
 
-    // Returns the handle, or nullopt on OOM (oom_ is then set).
-    std::optional<BlockHandle> malloc(Bytes size, int stream) {
+    // Returns the handle, or kFailed on OOM (oom_ is then set). (A plain
+    // integer, not an optional: the optional went through the stack and its
+    // flag was read back before its store had landed, every event.)
+    static constexpr BlockHandle kFailed = -1;  // the allocator's handles are >= 0
+    BlockHandle malloc(Bytes size, int stream) {
         if (alloc_) {
             AllocResult r = alloc_->malloc(size, stream);
             if (!r.ok) {
                 oom_ = r.oom;
-                return std::nullopt;
+                return kFailed;
             }
             return r.handle;
         }
@@ -76,7 +80,7 @@ public:
             o.device_free = capacity_ - live_;
             oom_ = o;
             ++stats_.ooms;
-            return std::nullopt;
+            return kFailed;
         }
         live_ += size;
         stats_.allocated = stats_.reserved = stats_.requested = live_;
@@ -171,11 +175,15 @@ public:
         auto it = sparse_.find(id);
         return it == sparse_.end() ? nullptr : &it->second;
     }
-    // `id` must not be in the table.
-    void insert(std::int64_t id, const V& v) {
+    // `id` must not be in the table. The value is built in its slot from
+    // `args` (V's fields): a value built on the stack and copied was read
+    // back before its stores had landed (PeakRec's 13 bytes as two
+    // overlapping words), a stall of a quarter of replay()'s own time.
+    template <class... A>
+    void emplace(std::int64_t id, A... args) {
         ++size_;
         if (!dense(id)) {
-            sparse_.emplace(id, v);
+            sparse_.emplace(id, V{args...});
             return;
         }
         const auto i = static_cast<std::size_t>(id);
@@ -185,7 +193,7 @@ public:
             values_.resize(n);
         }
         has_[i] = 1;
-        values_[i] = v;
+        std::construct_at(&values_[i], args...);
     }
     void erase(std::int64_t id) {  // if present
         if (dense(id)) {
@@ -238,9 +246,10 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     // --- timeline budget: peaks and the final point (3), phase boundaries (at
     // most half the budget), the rest per-bucket maxima.
     const std::int64_t max_points = opt.record_timeline ? std::max<std::int64_t>(opt.max_timeline_points, 0) : 0;
-    std::int64_t boundaries = 0;
-    for (std::int64_t i = 0; i < n; ++i)
-        if (i == 0 || !same_phase(ev[static_cast<std::size_t>(i)], ev[static_cast<std::size_t>(i - 1)])) ++boundaries;
+    std::int64_t boundaries = 0;  // (counted only for a timeline: a pass over every event)
+    if (max_points > 0)
+        for (std::int64_t i = 0; i < n; ++i)
+            if (i == 0 || !same_phase(ev[static_cast<std::size_t>(i)], ev[static_cast<std::size_t>(i - 1)])) ++boundaries;
     const std::int64_t kept_boundaries = std::min(boundaries, max_points / 2);
     const std::int64_t buckets = std::max<std::int64_t>(1, max_points - kept_boundaries - 3);
     const std::int64_t bucket_size = std::max<std::int64_t>(1, (n + buckets - 1) / buckets);
@@ -345,16 +354,16 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                     ++res.duplicate_allocs;
                     break;
                 }
-                auto h = model.malloc(e.size, e.stream);
+                const BlockHandle h = model.malloc(e.size, e.stream);
                 if (watch == Watch::On) {
                     if (auto lim = model.take_watched()) {
                         watch = Watch::Crossed;
                         run_limited(*lim, i);
-                    } else if (!h) {
+                    } else if (h == Model::kFailed) {
                         watch = Watch::Crossed;  // fails without a limit too: the limited replay fails earlier or here
                     }
                 }
-                if (!h) {
+                if (h == Model::kFailed) {
                     ++res.failed_allocs;
                     failed.insert(e.id);
                     if (!res.oom) {
@@ -364,7 +373,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                     if (opt.stop_at_oom) stop = true;
                     break;  // skipped: its Free finds no live id and is ignored
                 }
-                live.insert(e.id, Live{*h, e.size});
+                live.emplace(e.id, h, e.size);
                 accepted[static_cast<std::size_t>(i)] = 1;
                 break;
             }
@@ -469,7 +478,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
             check_budget();
             const TraceEvent& e = ev[static_cast<std::size_t>(i)];
             if (e.kind == TraceEvent::Kind::Alloc && accepted[static_cast<std::size_t>(i)]) {
-                at_peak.insert(e.id, PeakRec{e.size, e.label, e.phase});
+                at_peak.emplace(e.id, e.size, e.label, e.phase);
             } else if (e.kind == TraceEvent::Kind::Free) {
                 at_peak.erase(e.id);
             }
@@ -539,13 +548,13 @@ void StateProbe::feed(const Trace& trace) {
         switch (e.kind) {
             case TraceEvent::Kind::Alloc: {
                 if (s.live.count(e.id)) break;
-                auto h = s.model.malloc(e.size, e.stream);
-                if (!h) {
+                const BlockHandle h = s.model.malloc(e.size, e.stream);
+                if (h == Model::kFailed) {
                     s.failed.insert(e.id);
                     break;
                 }
-                s.live.emplace(e.id, Live{*h, e.size});
-                if (s.pytorch) s.tensor_of[*h] = e.id;
+                s.live.emplace(e.id, Live{h, e.size});
+                if (s.pytorch) s.tensor_of[h] = e.id;
                 break;
             }
             case TraceEvent::Kind::Free: {

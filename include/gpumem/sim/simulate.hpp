@@ -40,6 +40,11 @@ struct SimulateOptions {
     // more (the same whatever the threads), with a note. A job that fits is
     // simulated whole.
     Bytes stop_above;
+    // Record the simulated step's memory timeline (SimulationSummary::timeline,
+    // what `gpumem timeline` and --timeline draw): a caller that reads only
+    // the peaks (the planner's confirmations) leaves it out. No other answer
+    // depends on it.
+    bool timeline = true;
 };
 
 Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequest& req);
