@@ -818,14 +818,10 @@ struct CachingAllocator::Impl {
         return std::max(large_blocks.blocks.largest_eager(), small_blocks.blocks.largest_eager());
     }
 
-    AllocResult malloc(std::int64_t orig_size, int stream) {
+    // The handle, or CachingAllocator::kFailedBlock with `oom` filled.
+    BlockHandle allocate(std::int64_t orig_size, int stream, OomInfo& oom) {
         if (orig_size < 0) throw std::invalid_argument("CachingAllocator::malloc: negative size");
-        AllocResult r;
-        if (orig_size == 0) {  // PyTorch hands out nullptr for 0 bytes without allocating
-            r.ok = true;
-            r.handle = kNullBlock;
-            return r;
-        }
+        if (orig_size == 0) return kNullBlock;  // PyTorch hands out nullptr for 0 bytes without allocating
         // malloc: round, pick the pool, best fit, else a new segment with retries.
         const std::int64_t size = round_size(orig_size);
         BlockPool& pool = get_pool(size);
@@ -838,23 +834,33 @@ struct CachingAllocator::Impl {
         }
         if (!found) {
             ++stats.ooms;
-            OomInfo o;
-            o.requested = Bytes(size);
-            o.alloc_size = Bytes(p.alloc_size);
-            o.allocated = stats.allocated;
-            o.reserved = stats.reserved;
-            o.capacity = Bytes(capacity);
-            o.device_free = Bytes(std::max<std::int64_t>(0, capacity - stats.reserved.count()));
-            o.largest_free_block = Bytes(largest_free());
-            r.ok = false;
-            r.oom = o;
-            return r;
+            oom = OomInfo{};
+            oom.requested = Bytes(size);
+            oom.alloc_size = Bytes(p.alloc_size);
+            oom.allocated = stats.allocated;
+            oom.reserved = stats.reserved;
+            oom.capacity = Bytes(capacity);
+            oom.device_free = Bytes(std::max<std::int64_t>(0, capacity - stats.reserved.count()));
+            oom.largest_free_block = Bytes(largest_free());
+            return CachingAllocator::kFailedBlock;
         }
         const bool split = should_split(p.block, size);
         Block* b = alloc_found_block(p, orig_size, split);
+        return (static_cast<std::int64_t>(b->gen) << 32) | static_cast<std::int64_t>(b->slot);
+    }
+
+    AllocResult malloc(std::int64_t orig_size, int stream) {
+        AllocResult r;
+        OomInfo oom;
+        const BlockHandle h = allocate(orig_size, stream, oom);
+        if (h == CachingAllocator::kFailedBlock) {
+            r.ok = false;
+            r.oom = oom;
+            return r;
+        }
         r.ok = true;
-        r.handle = (static_cast<std::int64_t>(b->gen) << 32) | static_cast<std::int64_t>(b->slot);
-        r.block_size = Bytes(b->size);
+        r.handle = h;
+        if (h != kNullBlock) r.block_size = Bytes(storage[static_cast<std::size_t>(static_cast<std::uint64_t>(h) & 0xffffffffULL)].size);
         return r;
     }
 
@@ -1043,6 +1049,14 @@ AllocResult CachingAllocator::malloc(Bytes size, int stream) {
     impl_->check_invariants();
 #endif
     return r;
+}
+
+BlockHandle CachingAllocator::allocate(Bytes size, int stream, OomInfo& oom) {
+    const BlockHandle h = impl_->allocate(size.count(), stream, oom);
+#ifdef GPUMEM_ALLOCATOR_CHECKS
+    impl_->check_invariants();
+#endif
+    return h;
 }
 
 void CachingAllocator::free(BlockHandle h) {

@@ -63,12 +63,12 @@ public:
     static constexpr BlockHandle kFailed = -1;  // the allocator's handles are >= 0
     BlockHandle malloc(Bytes size, int stream) {
         if (alloc_) {
-            AllocResult r = alloc_->malloc(size, stream);
-            if (!r.ok) {
-                oom_ = r.oom;
+            const BlockHandle h = alloc_->allocate(size, stream, oom_buf_);
+            if (h == CachingAllocator::kFailedBlock) {
+                oom_ = oom_buf_;
                 return kFailed;
             }
-            return r.handle;
+            return h;
         }
         if (size > capacity_ - live_) {
             OomInfo o;
@@ -122,6 +122,7 @@ private:
     Bytes live_;
     AllocatorStats stats_;
     std::optional<OomInfo> oom_;
+    OomInfo oom_buf_;  // allocate()'s out-parameter (filled only when it fails)
 };
 
 struct Live {
