@@ -41,7 +41,7 @@ void expect_same(const EstimateRequest& r, int& cut, int& total, int* long_singl
 }
 
 // The grid of the issue: small configurations of gpt2 and llama-3-8b,
-// gradient accumulation 1..16 and 25..48, pp 1..4 (1F1B), allocator settings,
+// gradient accumulation 1..24 and 33..48, pp 1..4 (1F1B), allocator settings,
 // recompute.
 TEST(SteadyState, ExtrapolationEqualsFullReplay) {
     const std::vector<std::string> confs = {"", "expandable_segments:True", "max_split_size_mb:64", "garbage_collection_threshold:0.6",
@@ -50,7 +50,7 @@ TEST(SteadyState, ExtrapolationEqualsFullReplay) {
     int cut = 0, total = 0, long_single = 0;
     for (const std::string model : {"gpt2", "llama-3-8b"}) {
         for (std::int64_t k = 1; k <= 40; ++k) {
-            const std::int64_t ga = k <= 16 ? k : k + 8;
+            const std::int64_t ga = k <= 24 ? k : k + 8;  // 1..24 (one GPU detects from 16 on) and 33..48
             EstimateRequest r;
             r.model = model;
             r.seq = model == std::string("gpt2") ? 256 : 64;
@@ -77,7 +77,7 @@ TEST(SteadyState, GridJobsEqualFullReplay) {
     for (const auto kind : {test::GridKind::Single, test::GridKind::Pipeline}) {
         for (auto j : test::job_grid(kind, 40, 31)) {
             if (j.req.mode != Mode::Train) continue;
-            j.req.grad_accum = 24 + static_cast<std::int64_t>(total % 17);
+            j.req.grad_accum = sim::kDetectMinMicroBatches + static_cast<std::int64_t>(total % 17);
             if (!test::grid_valid(j.req)) continue;
             expect_same(j.req, cut, total);
         }

@@ -350,10 +350,13 @@ void StepBuilder::run() {
     //   298 ms vs 106 ms, pp 8 grad-accum 256 616 ms vs 240 ms; llama-3.2-1b
     //   pp 4 grad-accum 256 65 ms vs 69 ms (its cut came early).
     // - One GPU (pp = 1) below kDetectMinMicroBatches: its state repeats
-    //   within the first micro-batches, and detection then costs what 15 to
-    //   28 micro-batches do in full (qwen2-0.5b, gpt2, llama-3-8b at seq
-    //   1024: grad-accum 8 16 ms / 7 ms / 43 ms detecting vs 10 ms / 3 ms /
-    //   14 ms whole; grad-accum 48 16 ms / 7 ms / 40 ms vs 49 ms / 18 ms / 72 ms).
+    //   within the first micro-batches, and detection then costs what about
+    //   12 micro-batches do in full. Build and replay, one thread, best of 3,
+    //   qwen2-0.5b / gpt2 / llama-3-8b at seq 1024 (since the probe's dense
+    //   tables): grad-accum 8 11.3 / 4.4 / 15.4 ms detecting vs 8.7 / 2.7 /
+    //   11.1 ms whole; 12: 11.2 / 4.4 / 15.7 vs 11.7 / 4.1 / 17.4; 16: 11.1 /
+    //   4.3 / 15.7 vs 15.9 / 4.6 / 20.9 (it was 24 when detection cost what
+    //   15 to 28 micro-batches did).
     // StepTraceOptions::detect_always overrides both (run_builder's second
     // try when the whole schedule would exceed kMaxTraceEvents).
     const bool can_detect = steady && n_ops > warm + 4;

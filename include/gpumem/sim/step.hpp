@@ -46,7 +46,7 @@ namespace gpumem::sim {
 
 // One GPU looks for the steady state of gradient accumulation from this many
 // micro-batches on; below it a whole schedule costs less (sim/step_pipeline.cpp).
-inline constexpr std::int64_t kDetectMinMicroBatches = 24;
+inline constexpr std::int64_t kDetectMinMicroBatches = 16;
 
 struct StepTraceOptions {
     int steps = 2;                  // training steps to simulate (first + steady state)
