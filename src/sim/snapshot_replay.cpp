@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <deque>
 #include <unordered_map>
-#include <unordered_set>
 
+#include "gpumem/core/addr_table.hpp"
 #include "gpumem/core/budget.hpp"
 
 namespace gpumem::sim {
@@ -135,24 +135,20 @@ void from_device_trace(const Snapshot& s, const Entries& entries, int device, Tr
         std::int32_t frame;
     };
     std::vector<Seed> seeds;
-    std::unordered_set<std::int64_t> seen;
-    // Reserved at once (zeroed buckets are resident at once): the memory
-    // limit is checked before they fill, not after a rehash jumped past it.
-    seen.reserve(static_cast<std::size_t>(allocs));  // frees mostly name allocated addresses
-    check_memory_now();
+    AddrTable<char> seen;  // every address the trace names, as it goes
     for (const auto& e : entries) {
         check_budget();
         if (e.action == TraceAction::Alloc) {
-            seen.insert(e.addr);
+            seen.insert(e.addr, 0);
         } else if (e.action == free_action) {
-            if (seen.insert(e.addr).second) seeds.push_back(Seed{e.addr, e.stream, e.size, e.frame});
+            if (seen.insert(e.addr, 0)) seeds.push_back(Seed{e.addr, e.stream, e.size, e.frame});
         }
     }
     std::vector<Seed> at_dump;
     for (const auto& seg : s.segments) {
         if (seg.device != device) continue;
         for (const auto& b : seg.blocks)
-            if (b.state == BlockState::ActiveAllocated && !seen.count(b.address))
+            if (b.state == BlockState::ActiveAllocated && !seen.find(b.address))
                 at_dump.push_back(Seed{b.address, seg.stream, b.requested_size, b.frame});
     }
     std::sort(at_dump.begin(), at_dump.end(), [](const Seed& a, const Seed& b) { return a.addr < b.addr; });
@@ -165,11 +161,10 @@ void from_device_trace(const Snapshot& s, const Entries& entries, int device, Tr
     };
     // Every event but an implicit free (rare) has its place reserved.
     out.trace.events.reserve(seeds.size() + static_cast<std::size_t>(allocs + (completed ? completes : requests)));
-    std::unordered_map<std::int64_t, Live> live;
-    live.reserve(std::min<std::size_t>(seen.size(), static_cast<std::size_t>(allocs) + seeds.size()));
+    AddrTable<Live> live;
     check_memory_now();
     for (const auto& sd : seeds) {
-        live[sd.addr] = Live{tb.alloc(sd.stream, sd.size, sd.frame), sd.size};
+        live.assign(sd.addr, Live{tb.alloc(sd.stream, sd.size, sd.frame), sd.size});
         ++info.seeded;
         info.seeded_bytes += sd.size;
     }
@@ -178,16 +173,16 @@ void from_device_trace(const Snapshot& s, const Entries& entries, int device, Tr
         check_budget();
         const auto& e = *at;
         if (e.action == TraceAction::Alloc) {
-            if (const auto it = live.find(e.addr); it != live.end()) {
-                tb.free(it->second.id, e.stream, it->second.size);
+            if (Live* l = live.find(e.addr)) {
+                tb.free(l->id, e.stream, l->size);
                 ++info.implicit_frees;
-                live.erase(it);
+                // (the new allocation takes the entry below)
             }
-            live[e.addr] = Live{tb.alloc(e.stream, e.size, e.frame), e.size};
+            live.assign(e.addr, Live{tb.alloc(e.stream, e.size, e.frame), e.size});
         } else if (e.action == free_action) {
-            if (const auto it = live.find(e.addr); it != live.end()) {
-                tb.free(it->second.id, e.stream, it->second.size);
-                live.erase(it);
+            if (Live* l = live.find(e.addr)) {
+                tb.free(l->id, e.stream, l->size);
+                live.erase(e.addr);
             } else {
                 ++info.unmatched_frees;
             }

@@ -149,7 +149,7 @@ bool same_phase(const TraceEvent& a, const TraceEvent& b) { return a.phase == b.
 // (the spare; release_replay_storage frees it): a plan's confirmations replay
 // a dozen traces of ~10^5 ids each, and growing fresh tables faulted in and
 // copied their pages every time (a quarter of the page faults of `gpumem plan
-// llama-3-70b --gpus 64`). At most dense_limit ids (replay(): 2^18, 4.25 MiB).
+// llama-3-70b --gpus 64`). At most dense_limit ids (replay(): 2^23).
 template <class V>
 class IdTable {
 public:
@@ -263,9 +263,13 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     TimelinePoint reserved_peak_point;
     bool have_reserved_peak = false;
 
-    // At most 2^18 ids in the vectors (4.25 MiB): a snapshot of millions of
-    // entries keeps the rest in the hash map, within its memory limit.
-    const std::int64_t dense_ids = std::min<std::int64_t>(checked_add(checked_mul(n, std::int64_t{4}), std::int64_t{1024}), std::int64_t{1} << 18);
+    // At most 2^23 ids in the vectors (17 bytes an id, grown to the largest
+    // id seen): the traces' ids count their allocations, so a table holds
+    // at most about half of what the trace's own events take. (Capped at
+    // 2^18 before, a 10M-entry snapshot's 3.3M ids went through the hash
+    // map: 3.78 -> 3.5 s for `gpumem snapshot`, its peak memory unchanged,
+    // being reached while the entries are converted.)
+    const std::int64_t dense_ids = std::min<std::int64_t>(checked_add(checked_mul(n, std::int64_t{4}), std::int64_t{1024}), std::int64_t{1} << 23);
     IdTable<Live> live(dense_ids);
     std::vector<std::uint8_t> accepted(static_cast<std::size_t>(n), 0);  // Alloc events that allocated
     std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
