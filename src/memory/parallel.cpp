@@ -96,7 +96,11 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         std::vector<std::vector<Instance>> on_stage, on_rank;
     };
     static thread_local Lists lists;
-    auto& [rank_of, chunk_of, on_stage, on_rank] = lists;
+    // (Plain references: clang before 16 cannot capture structured bindings in the lambdas below.)
+    auto& rank_of = lists.rank_of;
+    auto& chunk_of = lists.chunk_of;
+    auto& on_stage = lists.on_stage;
+    auto& on_rank = lists.on_rank;
     rank_of.assign(static_cast<std::size_t>(stages_named), 0);
     chunk_of.assign(rank_of.size(), 0);
     for (std::int64_t v = 0; v < stages_named; ++v) {

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -183,6 +185,7 @@ public:
     // overlapping words), a stall of a quarter of replay()'s own time.
     template <class... A>
     void emplace(std::int64_t id, A... args) {
+        static_assert(std::is_trivially_destructible_v<V>);
         ++size_;
         if (!dense(id)) {
             sparse_.emplace(id, V{args...});
@@ -195,7 +198,7 @@ public:
             values_.resize(n);
         }
         has_[i] = 1;
-        std::construct_at(&values_[i], args...);
+        ::new (static_cast<void*>(&values_[i])) V{args...};  // (V is trivially destructible)
     }
     void erase(std::int64_t id) {  // if present
         if (dense(id)) {
