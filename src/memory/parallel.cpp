@@ -85,22 +85,33 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     std::int32_t stages_named = static_cast<std::int32_t>(p * vpp);
     for (const auto& per_block : res.instance_stage)
         for (auto v : per_block) stages_named = std::max(stages_named, v + 1);
-    // Lists kept per thread (parallel_memory does not nest): growing them
-    // afresh was a fifth of a one-GPU 70B estimate's allocations.
+    // Scratch kept per thread, sized once; each list is assigned or cleared
+    // before it is read. parallel_memory does not nest. The stage and rank
+    // lists: growing them afresh was a fifth of a one-GPU 70B estimate's
+    // allocations; the per-rank lists (rank loop below): ~70 allocations a
+    // rank.
     struct Instance {
         std::int32_t block, v;
         std::int64_t layer;
     };
-    struct Lists {
+    struct RankScratch {
+        std::vector<std::int64_t> rank_inst, chunk_inst;
+        std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad;
+        std::vector<Bytes> gather_of, grad_of, kept_grad_of, seq_sizes;
+        std::vector<int> seq_kind;
+        std::vector<PipelineRun> schedule_runs;
+    };
+    struct Scratch {
         std::vector<std::int64_t> rank_of, chunk_of;
         std::vector<std::vector<Instance>> on_stage, on_rank;
+        RankScratch rank;
     };
-    static thread_local Lists lists;
+    static thread_local Scratch scratch;
     // (Plain references: clang before 16 cannot capture structured bindings in the lambdas below.)
-    auto& rank_of = lists.rank_of;
-    auto& chunk_of = lists.chunk_of;
-    auto& on_stage = lists.on_stage;
-    auto& on_rank = lists.on_rank;
+    auto& rank_of = scratch.rank_of;
+    auto& chunk_of = scratch.chunk_of;
+    auto& on_stage = scratch.on_stage;
+    auto& on_rank = scratch.on_rank;
     rank_of.assign(static_cast<std::size_t>(stages_named), 0);
     chunk_of.assign(rank_of.size(), 0);
     for (std::int64_t v = 0; v < stages_named; ++v) {
@@ -232,19 +243,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         if (it == chunk_activations.end()) it = chunk_activations.emplace(chunk_key, saved_activations(g, ctx, &inst, input_rg, memo)).first;
         return it->second;
     };
-    // Per-rank scratch, sized once (the rank loop ran ~70 allocations a
-    // rank) and kept per thread (a dozen allocations an estimate); each is
-    // assigned or cleared before it is read. parallel_memory does not nest.
-    struct Scratch {
-        std::vector<std::int64_t> rank_inst, chunk_inst;
-        std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad;
-        std::vector<Bytes> gather_of, grad_of, kept_grad_of, seq_sizes;
-        std::vector<int> seq_kind;
-        std::vector<PipelineRun> schedule_runs;
-    };
-    static thread_local Scratch scratch;
+    // The per-rank scratch (declared above).
     auto& [rank_inst, chunk_inst, chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad, gather_of, grad_of, kept_grad_of, seq_sizes, seq_kind,
-           schedule_runs] = scratch;
+           schedule_runs] = scratch.rank;
     for (std::int64_t r = 0; r < p; ++r) {
         StageMemory sm;
         sm.stage = r;

@@ -846,7 +846,7 @@ struct CachingAllocator::Impl {
         }
         const bool split = should_split(p.block, size);
         Block* b = alloc_found_block(p, orig_size, split);
-        return (static_cast<std::int64_t>(b->gen) << 32) | static_cast<std::int64_t>(b->slot);
+        return make_block_handle(b->slot, b->gen);
     }
 
     AllocResult malloc(std::int64_t orig_size, int stream) {
@@ -860,14 +860,14 @@ struct CachingAllocator::Impl {
         }
         r.ok = true;
         r.handle = h;
-        if (h != kNullBlock) r.block_size = Bytes(storage[static_cast<std::size_t>(static_cast<std::uint64_t>(h) & 0xffffffffULL)].size);
+        if (h != kNullBlock) r.block_size = Bytes(storage[block_slot(h)].size);
         return r;
     }
 
     void free(BlockHandle h) {
         if (h == kNullBlock) return;
-        const auto slot = static_cast<std::uint64_t>(h) & 0xffffffffULL;
-        const auto gen = static_cast<std::uint32_t>(static_cast<std::uint64_t>(h) >> 32);
+        const std::size_t slot = block_slot(h);
+        const std::uint32_t gen = block_generation(h);
         if (h < 0 || slot >= storage.size()) throw std::invalid_argument("CachingAllocator::free: invalid handle");
         Block* b = &storage[slot];
         if (!b->live || !b->allocated || b->gen != gen)
@@ -938,7 +938,7 @@ struct CachingAllocator::Impl {
                 out.push_back(b->size);
                 out.push_back(b->requested);
                 out.push_back((b->allocated ? 1 : 0) | (b->mapped ? 2 : 0));
-                if (b->allocated) out.push_back(label((static_cast<std::int64_t>(b->gen) << 32) | static_cast<std::int64_t>(b->slot)));
+                if (b->allocated) out.push_back(label(make_block_handle(b->slot, b->gen)));
                 else if (gc_enabled && b->mapped) out.push_back(b->pool->get_free_blocks_call_count - b->gc_count_base);
             }
         }

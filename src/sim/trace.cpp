@@ -9,11 +9,10 @@
 
 #include <algorithm>
 #include <functional>
-#include <memory>
 #include <new>
-#include <type_traits>
 #include <optional>
 #include <stdexcept>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -60,16 +59,16 @@ public:
         if (opt.mode == AllocatorMode::PyTorch) alloc_.emplace(opt.config, opt.capacity);
     }
 
-    // Returns the handle, or kFailed on OOM (oom_ is then set). (A plain
-    // integer, not an optional: the optional went through the stack and its
-    // flag was read back before its store had landed, every event.)
-    static constexpr BlockHandle kFailed = -1;  // the allocator's handles are >= 0
+    // Returns the handle, or CachingAllocator::kFailedBlock on OOM (oom_ is
+    // then set). (A plain integer, not an optional: the optional went through
+    // the stack and its flag was read back before its store had landed, every
+    // event.)
     BlockHandle malloc(Bytes size, int stream) {
         if (alloc_) {
             const BlockHandle h = alloc_->allocate(size, stream, oom_buf_);
             if (h == CachingAllocator::kFailedBlock) {
                 oom_ = oom_buf_;
-                return kFailed;
+                return CachingAllocator::kFailedBlock;
             }
             return h;
         }
@@ -83,7 +82,7 @@ public:
             o.device_free = capacity_ - live_;
             oom_ = o;
             ++stats_.ooms;
-            return kFailed;
+            return CachingAllocator::kFailedBlock;
         }
         live_ += size;
         stats_.allocated = stats_.reserved = stats_.requested = live_;
@@ -368,11 +367,11 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
                     if (auto lim = model.take_watched()) {
                         watch = Watch::Crossed;
                         run_limited(*lim, i);
-                    } else if (h == Model::kFailed) {
+                    } else if (h == CachingAllocator::kFailedBlock) {
                         watch = Watch::Crossed;  // fails without a limit too: the limited replay fails earlier or here
                     }
                 }
-                if (h == Model::kFailed) {
+                if (h == CachingAllocator::kFailedBlock) {
                     ++res.failed_allocs;
                     failed.insert(e.id);
                     if (!res.oom) {
@@ -555,13 +554,11 @@ struct StateProbe::Impl {
     std::vector<Owner> owner;
     std::unordered_set<std::int64_t> failed;
 
-    static std::size_t slot(BlockHandle h) { return static_cast<std::size_t>(static_cast<std::uint64_t>(h) & 0xffffffffULL); }
-    static std::uint32_t gen(BlockHandle h) { return static_cast<std::uint32_t>(static_cast<std::uint64_t>(h) >> 32); }
     // The tensor allocated in block `h`, or nullopt.
     [[nodiscard]] std::optional<std::int64_t> tensor_of(BlockHandle h) const {
-        if (h == kNullBlock || slot(h) >= owner.size()) return std::nullopt;
-        const Owner& o = owner[slot(h)];
-        if (o.id == 0 || o.gen != gen(h)) return std::nullopt;
+        if (h == kNullBlock || block_slot(h) >= owner.size()) return std::nullopt;
+        const Owner& o = owner[block_slot(h)];
+        if (o.id == 0 || o.gen != block_generation(h)) return std::nullopt;
         return o.id;
     }
 };
@@ -577,15 +574,15 @@ void StateProbe::feed(const Trace& trace) {
             case TraceEvent::Kind::Alloc: {
                 if (s.live.find(e.id)) break;
                 const BlockHandle h = s.model.malloc(e.size, e.stream);
-                if (h == Model::kFailed) {
+                if (h == CachingAllocator::kFailedBlock) {
                     s.failed.insert(e.id);
                     break;
                 }
                 s.live.emplace(e.id, h, e.size);
                 // (A zero-byte request's null handle names no block.)
                 if (s.pytorch && h != kNullBlock) {
-                    if (Impl::slot(h) >= s.owner.size()) s.owner.resize(Impl::slot(h) + 1);
-                    s.owner[Impl::slot(h)] = Impl::Owner{Impl::gen(h), e.id};
+                    if (block_slot(h) >= s.owner.size()) s.owner.resize(block_slot(h) + 1);
+                    s.owner[block_slot(h)] = Impl::Owner{block_generation(h), e.id};
                 }
                 break;
             }
@@ -596,7 +593,7 @@ void StateProbe::feed(const Trace& trace) {
                     break;
                 }
                 s.model.free(l->handle, l->size);
-                if (s.pytorch && l->handle != kNullBlock) s.owner[Impl::slot(l->handle)].id = 0;
+                if (s.pytorch && l->handle != kNullBlock) s.owner[block_slot(l->handle)].id = 0;
                 s.live.erase(e.id);
                 break;
             }

@@ -51,9 +51,19 @@
 
 namespace gpumem::sim {
 
-using BlockHandle = std::int64_t;  // opaque; valid until freed
+using BlockHandle = std::int64_t;  // valid until freed
 // malloc(0) allocates nothing (like PyTorch) and returns this handle; free() ignores it.
 inline constexpr BlockHandle kNullBlock = 0;
+// A block's handle is its slot in the allocator's block storage (low 32 bits)
+// and the slot's generation (high bits, from 1 up, so handles are > 0 but
+// for kNullBlock): a freed block's handle never names the slot's next block.
+// Callers that keep something per allocated block (the steady-state probe)
+// key it by slot and check the generation.
+inline constexpr BlockHandle make_block_handle(std::uint32_t slot, std::uint32_t gen) {
+    return static_cast<BlockHandle>((static_cast<std::uint64_t>(gen) << 32) | slot);
+}
+inline constexpr std::size_t block_slot(BlockHandle h) { return static_cast<std::size_t>(static_cast<std::uint64_t>(h) & 0xffffffffULL); }
+inline constexpr std::uint32_t block_generation(BlockHandle h) { return static_cast<std::uint32_t>(static_cast<std::uint64_t>(h) >> 32); }
 // Allocations on a stream at or above this one are a CUDA graph's private pool
 // (c10/cuda/CUDACachingAllocator.cpp: beginAllocateToPool routes a capturing
 // stream's allocations to the graph's PrivatePool, which has its own block
@@ -87,6 +97,8 @@ struct OomInfo {
     Bytes capacity;
     Bytes device_free;      // capacity - reserved - memory outside the allocator
     Bytes largest_free_block;  // in the cache
+
+    friend bool operator==(const OomInfo&, const OomInfo&) = default;
 };
 
 struct AllocResult {
