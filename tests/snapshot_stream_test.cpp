@@ -146,3 +146,96 @@ TEST(SnapshotStream, BadEntriesNameTheFieldWhenStreamed) {
 }
 
 }  // namespace
+
+// JSON trace entries are read alone by the fast lexer (FastJson::entry) and
+// handed back to the SAX path when it meets anything it does not take. A
+// generated grid of entries, every field with values of every kind (and
+// frames of many shapes, repeated keys, odd spacing, nesting, an entry too
+// long for the fast path), must read exactly as the whole-document path
+// (nlohmann's DOM) reads it: the same report, or the same error.
+TEST(SnapshotStream, JsonEntriesReadAloneMatchTheDocumentPath) {
+    TempDir dir;
+    const std::vector<std::string> values = {
+        "null", "0", "7", "-3", "9223372036854775807", "9223372036854775808", "18446744073709551616", "-9223372036854775809",
+        "2.5", "-0.0", "1e3", "1E-2", "1e400", "true", "false", "\"alloc\"", "\"free_completed\"", "\"oom\"", "\"x\"",
+        "\"a\\nb\"", "\"\xc3\xa9\"", "[]", "[1, [2, {\"a\": null}]]", "{}", "{\"a\": {\"b\": [true]}}",
+        "[[[[[[[[[[1]]]]]]]]]]", "01", "1.", "tru", "\"unterminated"};
+    const std::vector<std::string> frames = {
+        "[]",
+        "[{\"filename\": \"a.py\", \"line\": 3, \"name\": \"f\"}]",
+        "[{\"filename\": \"alloc.cpp\", \"line\": 9, \"name\": \"malloc\"}, {\"filename\": \"m.py\", \"line\": 4, \"name\": \"g\"}]",
+        "[{\"filename\": \"alloc.cpp\", \"line\": 9, \"name\": \"malloc\"}]",
+        "[1, \"s\", null, {\"line\": 5}, {\"name\": \"only_name\"}, {\"filename\": \"z.py\"}]",
+        "[{\"filename\": \"a.py\", \"filename\": \"b.py\", \"line\": 1, \"line\": 2, \"name\": \"n\"}]",
+        "[{\"filename\": 5, \"line\": \"7\", \"name\": [1]}, {\"filename\": \"q.py\", \"line\": 1.5, \"name\": \"h\"}]",
+        "[{\"filename\": \"" + std::string(300, 'd') + ".py\", \"line\": 1, \"name\": \"long\"}]",
+        // (cut to 256 characters and "...", the long name is no longer a .py file's: the second is taken)
+        "[{\"filename\": \"" + std::string(300, 'd') + ".py\", \"line\": 1, \"name\": \"long\"}, {\"filename\": \"r.py\"}]",
+        "[{\"filename\": \"c\\u00e9.py\", \"line\": 1, \"name\": \"esc\"}]",
+        "[{\"filename\":\"t.py\",\"line\":-1,\"name\":\"\"},{\"filename\":\"\",\"line\":0,\"name\":\"\"}]",
+        "{\"filename\": \"a.py\"}",
+        "null",
+        "7"};
+    const std::vector<std::string> fields = {"action", "addr", "size", "stream", "time_us", "device_free", "frames", "extra", ""};
+    // An entry with `field` set to `value` (replacing the base's own value).
+    auto entry = [](const std::string& field, const std::string& value) {
+        std::vector<std::pair<std::string, std::string>> kv = {
+            {"action", "\"alloc\""}, {"addr", "4096"}, {"size", "512"}, {"stream", "0"}, {"time_us", "11"},
+            {"frames", "[{\"filename\": \"m.py\", \"line\": 2, \"name\": \"fwd\"}]"}};
+        bool set = false;
+        for (auto& [k, v] : kv)
+            if (k == field) v = value, set = true;
+        if (!set) kv.emplace_back(field, value);
+        std::string o = "{";
+        for (std::size_t i = 0; i < kv.size(); ++i) o += (i ? ", \"" : "\"") + kv[i].first + "\": " + kv[i].second;
+        return o + "}";
+    };
+    std::vector<std::string> cases;
+    for (const auto& f : fields)
+        for (const auto& v : values) cases.push_back(entry(f, v));
+    for (const auto& fr : frames) cases.push_back(entry("frames", fr));
+    // Strings of every length around the lexer's 16-byte steps, clean or with
+    // an escape, a control or a non-ASCII byte at every place.
+    for (int n = 0; n <= 40; ++n) {
+        cases.push_back(entry("frames", "[{\"filename\": \"" + std::string(static_cast<std::size_t>(n), 'f') + ".py\", \"line\": 1}]"));
+        for (const std::string odd : {"\\n", "\\\"", "\t", "\xc3\xa9", "\x7f"})
+            cases.push_back(entry("frames", "[{\"filename\": \"" + std::string(static_cast<std::size_t>(n), 'f') + odd + "x.py\", \"line\": 1}]"));
+    }
+    cases.push_back(R"({"action": "alloc", "size": 5, "addr": 4096, "size": 7, "action": "free_completed", "addr": 8192})");
+    cases.push_back(" {\n\t\"action\" :\"alloc\" ,\"addr\":4096,\"size\":512\r\n} ");
+    cases.push_back(R"({})");
+    cases.push_back(R"({"": 1, "action": "alloc", "addr": 4096, "size": 3})");
+    cases.push_back(R"({"action": "alloc", "addr": 4096, "size": 3, "oops"})");
+    cases.push_back(R"({"action": "alloc", "addr": 4096, "size": 3,})");
+    cases.push_back("[1, 2]");
+    cases.push_back("12");
+    cases.push_back("\"entry\"");
+    {  // longer than the fast path takes (256 KiB)
+        std::string big = "[";
+        for (int i = 0; i < 100'000; ++i) big += i ? ",[]" : "[]";
+        cases.push_back(entry("extra", big + "]"));
+    }
+    const std::string path = dir.file("entries.json");
+    int fast_ok = 0, errors = 0;
+    for (const auto& c : cases) {
+        // The case between two plain entries (an alloc before, its free after).
+        const std::string text = R"({"segments": [], "device_traces": [[{"action": "alloc", "addr": 65536, "size": 1024},
+            )" + c + R"(, {"action": "free_completed", "addr": 65536, "size": 1024}]]})";
+        std::ofstream(path, std::ios::trunc) << text;
+        const std::string cmd = "gpumem snapshot FILE  # FILE holds: " + text.substr(0, 600);
+        auto streamed = analyze_snapshot(path, SnapshotOptions{});
+        auto whole = parse_snapshot_bytes(slurp(path), path);
+        if (!whole.ok()) {
+            ++errors;
+            ASSERT_FALSE(streamed.ok()) << cmd;
+            EXPECT_EQ(streamed.error().message, whole.error().message) << cmd;
+            continue;
+        }
+        ASSERT_TRUE(streamed.ok()) << cmd << "\n" << streamed.error().message;
+        EXPECT_EQ(rendered(streamed.value()), rendered(whole_document(path, SnapshotOptions{}))) << cmd;
+        ++fast_ok;
+    }
+    // The grid holds both kinds.
+    EXPECT_GT(fast_ok, 100);
+    EXPECT_GT(errors, 50);
+}

@@ -594,6 +594,60 @@ TEST(Snapshot, HostileStringsAreCleaned) {
     EXPECT_NO_THROW((void)snapshot_to_json(sum, nullptr).dump());
 }
 
+// Which frame labels an entry: the first whose file is a .py file (after
+// cleaning: a name cut at 256 characters ends in "..."), else the first that
+// names anything; the same frame written again is the same frame, and two
+// texts that clean to the same frame are one frame. Read whole and streamed.
+TEST(Snapshot, TopFrameRulesHoldForRepeatedFrames) {
+    const std::string longpy = std::string(300, 'd') + ".py";
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        // frames, expected label ("" = none)
+        {R"([{"filename": "alloc.cpp", "line": 9, "name": "malloc"}, {"filename": "m.py", "line": 4, "name": "g"}])", "m.py:4 g"},
+        {R"([{"filename": "alloc.cpp", "line": 9, "name": "malloc"}])", "alloc.cpp:9 malloc"},
+        {R"([{"filename": ")" + longpy + R"(", "line": 1, "name": "x"}, {"filename": "r.py", "line": 2, "name": "y"}])", "r.py:2 y"},
+        {R"([{"filename": "", "name": ""}, {"name": "only"}, {"filename": "s.py", "line": 3}])", "s.py:3"},
+        {R"([{"filename": "alloc.cpp", "line": 9, "name": "malloc"}, {"filename": "m.py", "line": 4, "name": "g"}])", "m.py:4 g"},
+        {R"([{"filename": "a\u0001.py", "line": 5, "name": "c"}])", "a?.py:5 c"},
+        {R"([{"filename": "a\u0002.py", "line": 5, "name": "c"}])", "a?.py:5 c"},
+        {R"([{"filename": "m.py", "line": 4, "name": "g"}])", "m.py:4 g"},
+        {R"([])", ""},
+        {R"([1, {"line": 7}])", ""},
+    };
+    std::string js = R"({"segments": [], "device_traces": [[)";
+    for (std::size_t i = 0; i < cases.size(); ++i)
+        js += (i ? ", " : "") + std::string(R"({"action": "alloc", "addr": )") + std::to_string(4096 * (i + 1)) +
+              R"(, "size": 512, "frames": )" + cases[i].first + "}";
+    js += "]]}";
+    auto snap = parse_snapshot_bytes(js, "frames.json");
+    ASSERT_TRUE(snap.ok()) << snap.error().message;
+    const Snapshot& s = snap.value();
+    ASSERT_EQ(s.device_traces.size(), 1u);
+    ASSERT_EQ(s.device_traces[0].size(), cases.size());
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const auto f = s.device_traces[0][i].frame;
+        EXPECT_EQ(f < 0 ? std::string() : frame_label(s.frames[static_cast<std::size_t>(f)]), cases[i].second) << cases[i].first;
+    }
+    // One frame each for "m.py:4 g" (three entries) and "a?.py:5 c" (two texts).
+    EXPECT_EQ(s.device_traces[0][0].frame, s.device_traces[0][4].frame);
+    EXPECT_EQ(s.device_traces[0][0].frame, s.device_traces[0][7].frame);
+    EXPECT_EQ(s.device_traces[0][5].frame, s.device_traces[0][6].frame);
+    EXPECT_EQ(s.frames.size(), 5u);  // m.py, alloc.cpp, r.py, s.py, a?.py
+    // Streamed: the same frames.
+    struct Keep final : TraceEntrySink {
+        std::vector<std::int32_t> frames;
+        void entry(int, std::int64_t, const SnapshotTraceEntry& e) override { frames.push_back(e.frame); }
+        void restart() override { frames.clear(); }
+    } keep;
+    auto streamed = parse_snapshot_streaming(js, "frames.json", keep);
+    ASSERT_TRUE(streamed.ok()) << streamed.error().message;
+    ASSERT_EQ(keep.frames.size(), cases.size());
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const auto f = keep.frames[i];
+        EXPECT_EQ(f < 0 ? std::string() : frame_label(streamed.value().frames[static_cast<std::size_t>(f)]), cases[i].second)
+            << cases[i].first;
+    }
+}
+
 TEST(Snapshot, SharedReferenceBombIsBounded) {
     // One list of 2000 references to one segment whose blocks list holds 2000
     // references to one block: 4 million block visits from ~8 KB of input.

@@ -21,6 +21,10 @@
 
 #include <nlohmann/json.hpp>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "gpumem/core/input.hpp"
 #include "gpumem/sim/pickle.hpp"
 
@@ -249,6 +253,60 @@ void vfor_each(JRef r, std::size_t limit, F&& f) {
     for (auto it = r.j->begin(); it != r.j->end() && n < limit; ++it, ++n) f(clean_text(it.key(), 128), JRef{&it.value()});
 }
 
+// One JSON trace entry as FastJson reads it alone (see FastJson::entry):
+// flat nodes, the items of each container contiguous (a dict's keys and
+// values interleaved, in the order written, so a repeated key's last value
+// is the one vget finds, as nlohmann's object keeps it), strings as views
+// of the text (the fast lexer takes only strings without escapes, whose
+// text is their value). Reused from entry to entry.
+struct FDoc {
+    struct Node {
+        VKind kind = VKind::Null;
+        std::uint32_t first = 0, count = 0;  // containers: items_[first, first + count)
+        std::int64_t i = 0;                  // Int, BigInt (as vint gives it)
+        double f = 0;                        // Float
+        std::string_view s;                  // String
+    };
+    std::vector<Node> nodes;
+    std::vector<std::uint32_t> items;
+    std::vector<std::uint32_t> stack;  // items of the containers being read
+    void clear() {
+        nodes.clear();
+        items.clear();
+        stack.clear();
+    }
+};
+struct FRef {
+    const FDoc* d;
+    std::uint32_t id;
+};
+const FDoc::Node& fnode(FRef r) { return r.d->nodes[r.id]; }
+VKind vkind(FRef r) { return fnode(r).kind; }
+std::int64_t vint(FRef r) { return fnode(r).i; }
+double vfloat(FRef r) { return fnode(r).f; }
+std::string_view vstr(FRef r) { return fnode(r).s; }
+std::size_t vsize(FRef r) {
+    const auto& n = fnode(r);
+    return n.kind == VKind::Dict ? n.count / 2 : n.count;
+}
+FRef vat(FRef r, std::size_t i) { return {r.d, r.d->items[fnode(r).first + i]}; }
+std::optional<FRef> vget(FRef r, std::string_view key) {
+    const auto& n = fnode(r);
+    for (std::uint32_t k = n.count; k >= 2; k -= 2) {
+        const std::uint32_t kid = r.d->items[n.first + k - 2];
+        if (r.d->nodes[kid].s == key) return FRef{r.d, r.d->items[n.first + k - 1]};
+    }
+    return std::nullopt;
+}
+std::uint64_t videntity(FRef r) { return r.id; }
+std::optional<std::int64_t> vsummary(FRef) { return std::nullopt; }
+template <class F>
+void vfor_each_str(FRef r, F&& f) {
+    const auto& n = fnode(r);
+    for (std::uint32_t k = 0; k + 1 < n.count; k += 2)
+        f(r.d->nodes[r.d->items[n.first + k]].s, FRef{r.d, r.d->items[n.first + k + 1]});
+}
+
 // ---------------------------------------------------------------------------
 // Field paths, formatted only on error: "segments[3].blocks[2].size".
 
@@ -280,16 +338,18 @@ public:
         sink_ = sink;
         budget_doc_ = doc;
     }
-    // A batch of trace entries of device `d` (streaming).
-    void entries(std::size_t d, std::span<const R> items) {
+    // A batch of trace entries of device `d` (streaming): document values,
+    // or JSON entries the fast lexer read alone (FRef).
+    template <class V>
+    void entries(std::size_t d, std::span<const V> items) {
         const Path dp{nullptr, "device_traces"};
         if (d >= 65536) value_error(dp, "more than 65536 devices");
         if (out_.streamed_entries.size() <= d) out_.streamed_entries.resize(d + 1);
         const Path p{&dp, {}, static_cast<std::int64_t>(d)};
         // A JSON entry is built at the same address each time: its frames
         // are never the same list as anything else's (JSON shares nothing).
-        cache_frames_ = !std::is_same_v<R, JRef>;
-        for (const R& e : items) {
+        cache_frames_ = !std::is_same_v<V, JRef> && !std::is_same_v<V, FRef>;
+        for (const V& e : items) {
             const auto i = out_.streamed_entries[d];
             const Path ep{&p, {}, i};
             emit(d, i, read_entry(require_dict(e, ep), ep));
@@ -347,7 +407,8 @@ private:
             fail(ErrorCode::ParseError, out_.origin,
                  out_.origin + ": too many shared references (the pickle reuses objects far more than a snapshot does)");
     }
-    [[noreturn]] void type_error(const Path& p, const char* expected, R got) {
+    template <class V>
+    [[noreturn]] void type_error(const Path& p, const char* expected, V got) {
         const std::string where = path_text(&p);
         fail(ErrorCode::ParseError, where,
              out_.origin + ": field " + where + ": expected " + expected + ", got " + vkind_name(vkind(got)));
@@ -356,11 +417,13 @@ private:
         const std::string where = path_text(&p);
         fail(ErrorCode::ParseError, where, out_.origin + ": field " + where + ": " + what);
     }
-    std::int64_t as_int(R v, const Path& p) {
+    template <class V>
+    std::int64_t as_int(V v, const Path& p) {
         if (vkind(v) != VKind::Int) type_error(p, "an integer", v);
         return vint(v);
     }
-    std::int64_t as_size(R v, const Path& p) {
+    template <class V>
+    std::int64_t as_size(V v, const Path& p) {
         const std::int64_t x = as_int(v, p);
         if (x < 0) value_error(p, "must not be negative (got " + std::to_string(x) + ")");
         return x;
@@ -400,7 +463,8 @@ private:
         charge(vsize(v));
         return v;
     }
-    R require_dict(R v, const Path& p) {
+    template <class V>
+    V require_dict(V v, const Path& p) {
         if (vkind(v) != VKind::Dict) type_error(p, "a dict", v);
         charge(vsize(v));
         return v;
@@ -439,7 +503,8 @@ private:
     }
 
     // --- frames ---------------------------------------------------------------
-    std::int32_t top_frame(R frames, const Path& p) {
+    template <class V>
+    std::int32_t top_frame(V frames, const Path& p) {
         if (const auto s = vsummary(frames)) {
             charge(0);
             return static_cast<std::int32_t>(*s);
@@ -453,27 +518,64 @@ private:
         }
         const std::size_t n = std::min<std::size_t>(vsize(frames), 256);
         charge(n);
-        std::optional<SnapshotFrame> first, first_py;
+        // Records stay put while the map grows (nodes); it is emptied only
+        // here, before any is pointed to.
+        if (raw_frames_.size() >= kMaxRawFrames) raw_frames_.clear();
+        RawFrame *first = nullptr, *first_py = nullptr;
         for (std::size_t i = 0; i < n && !first_py; ++i) {
-            const R f = vat(frames, i);
+            const V f = vat(frames, i);
             if (vkind(f) != VKind::Dict) continue;  // frames are cosmetic: skip odd ones
             charge(vsize(f));
             const auto fn = vget(f, "filename");
             const auto ln = vget(f, "line");
             const auto nm = vget(f, "name");
-            SnapshotFrame fr;
-            if (fn && vkind(*fn) == VKind::String) fr.filename = clean_text(vstr(*fn), 256);
-            if (ln && vkind(*ln) == VKind::Int) fr.line = vint(*ln);
-            if (nm && vkind(*nm) == VKind::String) fr.name = clean_text(vstr(*nm), 256);
-            if (fr.filename.empty() && fr.name.empty()) continue;
-            if (!first) first = fr;
-            const std::string_view fv = fr.filename;
-            if (fv.size() >= 3 && fv.substr(fv.size() - 3) == ".py") first_py = fr;
+            const std::string_view fns = fn && vkind(*fn) == VKind::String ? vstr(*fn) : std::string_view();
+            const std::string_view nms = nm && vkind(*nm) == VKind::String ? vstr(*nm) : std::string_view();
+            const std::int64_t line = ln && vkind(*ln) == VKind::Int ? vint(*ln) : 0;
+            RawFrame& rec = raw_frame(fns, line, nms);
+            if (rec.empty) continue;
+            if (!first) first = &rec;
+            if (rec.py) first_py = &rec;
         }
         std::int32_t idx = -1;
-        if (first_py || first) idx = intern(first_py ? *first_py : *first);
+        if (RawFrame* chosen = first_py ? first_py : first) {
+            if (chosen->idx == kNotInterned) chosen->idx = intern(chosen->frame);
+            idx = chosen->idx;
+        }
         if (cache_frames_) frame_cache_.emplace(ident, idx);
         return idx;
+    }
+    // A frame as written (file name, line, function name) and what reading
+    // it gives: the cleaned text, whether it names nothing, whether it is a
+    // Python file's, and its index once interned. Real traces repeat a few
+    // thousand frames millions of times; JSON repeats them as text.
+    struct RawFrame {
+        SnapshotFrame frame;
+        bool empty = false, py = false;
+        std::int32_t idx = -2;
+    };
+    static constexpr std::int32_t kNotInterned = -2;
+    static constexpr std::size_t kMaxRawFrames = std::size_t(1) << 16;
+    RawFrame& raw_frame(std::string_view fn, std::int64_t line, std::string_view nm) {
+        // The key: the file name's length, the name, the line, the function
+        // name (unambiguous whatever the texts hold).
+        char num[24];
+        raw_key_.clear();
+        raw_key_.append(num, std::to_chars(num, num + sizeof num, fn.size()).ptr);
+        raw_key_ += ':';
+        raw_key_ += fn;
+        raw_key_.append(num, std::to_chars(num, num + sizeof num, line).ptr);
+        raw_key_ += '\n';
+        raw_key_ += nm;
+        if (const auto it = raw_frames_.find(raw_key_); it != raw_frames_.end()) return it->second;
+        RawFrame rec;
+        rec.frame.filename = clean_text(fn, 256);
+        rec.frame.line = line;
+        rec.frame.name = clean_text(nm, 256);
+        rec.empty = rec.frame.filename.empty() && rec.frame.name.empty();
+        const std::string_view fv = rec.frame.filename;
+        rec.py = fv.size() >= 3 && fv.substr(fv.size() - 3) == ".py";
+        return raw_frames_.emplace(raw_key_, std::move(rec)).first->second;
     }
     std::int32_t intern(const SnapshotFrame& f) {
         std::string key = f.filename + '\n' + std::to_string(f.line) + '\n' + f.name;
@@ -610,13 +712,14 @@ private:
     // One trace entry. The dict is walked once (the last of repeated keys
     // wins, as a lookup from the end finds it); the fields are then checked
     // in a fixed order, so the first bad one is the one named.
-    SnapshotTraceEntry read_entry(R e, const Path& ep) {
-        std::optional<R> f_action, f_addr, f_size, f_stream, f_time, f_free, f_frames;
+    template <class V>
+    SnapshotTraceEntry read_entry(V e, const Path& ep) {
+        std::optional<V> f_action, f_addr, f_size, f_stream, f_time, f_free, f_frames;
         // (Told apart by length and first letter, then compared once: the
         // chain of comparisons was a sixth of reading a pickled trace.)
-        vfor_each_str(e, [&](std::string_view k, R v) {
+        vfor_each_str(e, [&](std::string_view k, V v) {
             if (k.empty()) return;
-            std::optional<R>* slot = nullptr;
+            std::optional<V>* slot = nullptr;
             std::string_view name;
             switch (k.size()) {
                 case 4:
@@ -634,7 +737,7 @@ private:
             }
             if (slot && k == name) *slot = v;
         });
-        auto field_int = [&](const std::optional<R>& v, std::string_view key, bool nonneg) -> std::optional<std::int64_t> {
+        auto field_int = [&](const std::optional<V>& v, std::string_view key, bool nonneg) -> std::optional<std::int64_t> {
             if (!v || vkind(*v) == VKind::Null) return std::nullopt;
             const Path p{&ep, key};
             return nonneg ? as_size(*v, p) : as_int(*v, p);
@@ -692,6 +795,8 @@ private:
     static constexpr std::size_t kMaxFrames = 65536;
     std::unordered_map<std::uint64_t, std::int32_t> frame_cache_;
     std::unordered_map<std::string, std::int32_t> frame_index_;
+    std::unordered_map<std::string, RawFrame> raw_frames_;
+    std::string raw_key_;
 };
 
 
@@ -725,6 +830,11 @@ public:
 
     json& root() { return root_; }
     int device_traces_keys() const { return dt_keys_; }
+    // Whether the next value is a trace entry (an element of
+    // root["device_traces"][d] that is read, not skipped), and handing one
+    // over that FastJson read alone.
+    [[nodiscard]] bool at_entry() const { return !levels_.empty() && levels_.back().role == DeviceList; }
+    void entry(FRef e) { r_.entries(device_, std::span<const FRef>(&e, 1)); }
 
     bool null() { return value(json(nullptr)); }
     bool boolean(bool v) { return value(json(v)); }
@@ -923,13 +1033,30 @@ private:
         p_ += w.size();
         return true;
     }
-    bool str(std::string& out) {
+    // A string without escapes or non-ASCII (its text is its value), after
+    // the opening quote is seen.
+    bool scan_str(std::string_view& out) {
         ++p_;  // the opening quote
         const char* b = p_;
+#if defined(__SSE2__)
+        // 16 bytes at a time to the first quote, backslash, control or
+        // non-ASCII byte (a signed compare with 0x20 finds both of the last).
+        const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+        while (end_ - p_ >= 16) {
+            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p_));
+            const __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                                             _mm_cmplt_epi8(v, space));
+            if (const int m = _mm_movemask_epi8(hit)) {
+                p_ += __builtin_ctz(static_cast<unsigned>(m));
+                break;
+            }
+            p_ += 16;
+        }
+#endif
         while (p_ < end_) {
             const auto c = static_cast<unsigned char>(*p_);
             if (c == '"') {
-                out.assign(b, p_);
+                out = std::string_view(b, static_cast<std::size_t>(p_ - b));
                 ++p_;
                 return true;
             }
@@ -938,7 +1065,32 @@ private:
         }
         return false;
     }
+    bool str(std::string& out) {
+        std::string_view v;
+        if (!scan_str(v)) return false;
+        out.assign(v);
+        return true;
+    }
+    // A number as nlohmann's parser types it: Int (int64), Unsigned
+    // (uint64) or Float.
+    struct Number {
+        enum Type : std::uint8_t { Int, Unsigned, Float } type = Int;
+        std::int64_t i = 0;
+        std::uint64_t u = 0;
+        double f = 0;
+    };
     bool number() {
+        Number n;
+        if (!scan_number(n)) return false;
+        switch (n.type) {
+            case Number::Int: return sax_.number_integer(n.i);
+            case Number::Unsigned: return sax_.number_unsigned(n.u);
+            case Number::Float: break;
+        }
+        static const std::string none;
+        return sax_.number_float(n.f, none);
+    }
+    bool scan_number(Number& n) {
         const char* b = p_;
         bool neg = false, integer = true;
         if (*p_ == '-') neg = true, ++p_;
@@ -968,20 +1120,16 @@ private:
         }
         if (integer) {
             if (neg) {
-                std::int64_t v = 0;
-                const auto r = std::from_chars(b, p_, v);
-                if (r.ec == std::errc() && r.ptr == p_) return sax_.number_integer(v);
+                const auto r = std::from_chars(b, p_, n.i);
+                if (r.ec == std::errc() && r.ptr == p_) return n.type = Number::Int, true;
             } else {
-                std::uint64_t v = 0;
-                const auto r = std::from_chars(b, p_, v);
-                if (r.ec == std::errc() && r.ptr == p_) return sax_.number_unsigned(v);
+                const auto r = std::from_chars(b, p_, n.u);
+                if (r.ec == std::errc() && r.ptr == p_) return n.type = Number::Unsigned, true;
             }
         }
-        double v = 0;
-        const auto r = std::from_chars(b, p_, v);
-        if (r.ec != std::errc() || r.ptr != p_) return false;
-        static const std::string none;
-        return sax_.number_float(v, none);
+        const auto r = std::from_chars(b, p_, n.f);
+        n.type = Number::Float;
+        return r.ec == std::errc() && r.ptr == p_;
     }
     // The members of an object or the elements of an array, after the opening
     // bracket: `one` reads one (a key and its value, or a value); they are
@@ -1015,6 +1163,16 @@ private:
         }
         switch (*p_) {
             case '{':
+                if (sax_.at_entry()) {
+                    const char* start = p_;
+                    doc_.clear();
+                    entry_end_ = static_cast<std::size_t>(end_ - p_) > kMaxEntryText ? p_ + kMaxEntryText : end_;
+                    if (fvalue(0)) {
+                        sax_.entry(FRef{&doc_, doc_.stack.back()});
+                        return true;
+                    }
+                    p_ = start;  // read it through the SAX calls instead
+                }
                 ++p_;
                 sax_.start_object(static_cast<std::size_t>(-1));
                 return sequence('}', [&] {
@@ -1043,13 +1201,98 @@ private:
         }
     }
 
+    // A trace entry read alone into doc_, without the SAX calls and the
+    // nlohmann values they build (most of the time a JSON snapshot took).
+    // It gives up (false) on anything the SAX path would treat otherwise or
+    // reject: text it gives up on, nesting deeper than kMaxEntryDepth, or an
+    // entry longer than kMaxEntryText, whose values JsonStream might count
+    // past its limit for one entry (at most ~27 bytes charged per byte of
+    // text, for "[]," in an array: 256 KiB x 27 < 16 MiB). The caller then
+    // reads the same text through the SAX calls.
+    static constexpr std::size_t kMaxEntryText = std::size_t(256) << 10;
+    static constexpr int kMaxEntryDepth = 8;
+    bool fvalue(int depth) {
+        if (p_ >= entry_end_) return false;
+        const auto id = static_cast<std::uint32_t>(doc_.nodes.size());
+        doc_.nodes.emplace_back();
+        switch (*p_) {
+            case '{':
+            case '[': {
+                if (depth >= kMaxEntryDepth) return false;
+                const bool obj = *p_ == '{';
+                ++p_;
+                const std::size_t base = doc_.stack.size();
+                const bool ok = sequence(obj ? '}' : ']', [&] {
+                    if (obj) {
+                        std::string_view k;
+                        if (p_ >= entry_end_ || *p_ != '"' || !scan_str(k)) return false;
+                        doc_.stack.push_back(static_cast<std::uint32_t>(doc_.nodes.size()));
+                        auto& kn = doc_.nodes.emplace_back();
+                        kn.kind = VKind::String;
+                        kn.s = k;
+                        ws();
+                        if (p_ >= entry_end_ || *p_ != ':') return false;
+                        ++p_;
+                        ws();
+                    }
+                    return fvalue(depth + 1);
+                });
+                if (!ok || p_ > entry_end_) return false;
+                auto& n = doc_.nodes[id];
+                n.kind = obj ? VKind::Dict : VKind::List;
+                n.first = static_cast<std::uint32_t>(doc_.items.size());
+                n.count = static_cast<std::uint32_t>(doc_.stack.size() - base);
+                doc_.items.insert(doc_.items.end(), doc_.stack.begin() + static_cast<std::ptrdiff_t>(base), doc_.stack.end());
+                doc_.stack.resize(base);
+                break;
+            }
+            case '"': {
+                std::string_view v;
+                if (!scan_str(v)) return false;
+                doc_.nodes[id].kind = VKind::String;
+                doc_.nodes[id].s = v;
+                break;
+            }
+            case 't':
+                if (!lit("true")) return false;
+                doc_.nodes[id].kind = VKind::Bool;  // (no field of an entry reads a bool's value)
+                break;
+            case 'f':
+                if (!lit("false")) return false;
+                doc_.nodes[id].kind = VKind::Bool;
+                break;
+            case 'n':
+                if (!lit("null")) return false;
+                break;
+            default: {
+                Number num;
+                if (!scan_number(num)) return false;
+                auto& n = doc_.nodes[id];
+                switch (num.type) {
+                    case Number::Int: n.kind = VKind::Int, n.i = num.i; break;
+                    case Number::Unsigned:
+                        // As vint(JRef) reads nlohmann's unsigned numbers.
+                        n.kind = num.u > static_cast<std::uint64_t>(INT64_MAX) ? VKind::BigInt : VKind::Int;
+                        n.i = static_cast<std::int64_t>(num.u);
+                        break;
+                    case Number::Float: n.kind = VKind::Float, n.f = num.f; break;
+                }
+                break;
+            }
+        }
+        doc_.stack.push_back(id);
+        return true;
+    }
+
     const char* p_;
     const char* base_;
     const char* end_;
     const char* next_;
+    const char* entry_end_ = nullptr;
     JsonStream& sax_;
     const Progress& progress_;
     std::string key_;
+    FDoc doc_;
 };
 
 Snapshot parse_json_streaming(std::string_view data, const std::string& origin, TraceEntrySink& sink,
@@ -1117,7 +1360,7 @@ public:
         r_.stream_to(sink_, &doc);
         buf_.clear();
         for (const auto id : items) buf_.push_back(PRef{&doc, id});
-        r_.entries(list, buf_);
+        r_.entries(list, std::span<const PRef>(buf_));
     }
     std::optional<std::int64_t> summary(pickle::Document::Id list) override { return r_.frames_summary(list); }
     void released(pickle::Document::Id from) override { r_.forget_from(from); }
