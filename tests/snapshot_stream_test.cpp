@@ -123,6 +123,17 @@ TEST(SnapshotStream, GeneratedSnapshotsMatchTheWholeDocumentPathAndTheGenerator)
     }
 }
 
+// More entries than three of the chunks a streamed read keeps them in
+// (65,536 each, handed back as the conversion reads them): the same report
+// as the whole-document path.
+TEST(SnapshotStream, EntriesOverSeveralKeptChunksMatchTheWholeDocumentPath) {
+    TempDir dir;
+    const std::string path = dir.file("chunks.pickle");
+    const auto want = bench::SnapshotGen(200'000, 7).write(path, false);
+    ASSERT_EQ(want.entries, 200'000);
+    expect_same_as_whole_document(path);
+}
+
 TEST(SnapshotStream, RepeatedDeviceTracesKeyReadsTheLastOneAsBefore) {
     TempDir dir;
     const std::string path = dir.file("twice.json");

@@ -5,8 +5,10 @@
 #include "gpumem/sim/snapshot.hpp"
 
 #include <algorithm>
-#include <deque>
+#include <new>
 #include <unordered_map>
+
+#include <sys/mman.h>
 
 #include "gpumem/core/addr_table.hpp"
 #include "gpumem/core/budget.hpp"
@@ -44,6 +46,77 @@ struct KeptEntry {
 static_assert(sizeof(KeptEntry) == 32);
 Bytes device_free_of(const SnapshotTraceEntry& e) { return e.device_free; }
 Bytes device_free_of(const KeptEntry& e) { return Bytes(e.addr); }
+
+// The entries a streamed read keeps, in chunks of 2 MiB mapped from the
+// system. The conversion hands each chunk back once it has read it, so the
+// entries and the trace made of them are never all resident at once: they
+// were the peak of a large snapshot's analysis (10M entries: 320 MB of
+// entries beside the trace), and the peak is what kMaxSnapshotMemory bounds.
+class KeptEntries {
+public:
+    static constexpr std::size_t kPerChunk = std::size_t(1) << 16;  // x 32 B = 2 MiB
+    KeptEntries() = default;
+    KeptEntries(const KeptEntries&) = delete;
+    KeptEntries& operator=(const KeptEntries&) = delete;
+    ~KeptEntries() { clear(); }
+
+    void push_back(const KeptEntry& e) {
+        if (size_ % kPerChunk == 0) {
+            chunks_.reserve(chunks_.size() + 1);
+            void* p = ::mmap(nullptr, kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) throw std::bad_alloc();
+            chunks_.push_back(static_cast<KeptEntry*>(p));
+        }
+        chunks_.back()[size_ % kPerChunk] = e;
+        ++size_;
+    }
+    [[nodiscard]] std::size_t size() const { return size_; }
+    [[nodiscard]] bool empty() const { return size_ == 0; }
+    // Hands back the chunks wholly before entry `i`: they are not read again.
+    void release_before(std::size_t i) {
+        for (; released_ < i / kPerChunk && released_ < chunks_.size(); ++released_) {
+            ::munmap(chunks_[released_], kChunkBytes);
+            chunks_[released_] = nullptr;
+        }
+    }
+    void clear() {
+        for (KeptEntry* c : chunks_)
+            if (c) ::munmap(c, kChunkBytes);
+        chunks_.clear();
+        size_ = 0;
+        released_ = 0;
+    }
+
+    class const_iterator {
+    public:
+        const_iterator(const KeptEntries* k, std::size_t i) : k_(k), i_(i) {}
+        const KeptEntry& operator*() const { return k_->chunks_[i_ / kPerChunk][i_ % kPerChunk]; }
+        const KeptEntry* operator->() const { return &**this; }
+        const_iterator& operator++() {
+            ++i_;
+            return *this;
+        }
+        bool operator==(const const_iterator& o) const { return i_ == o.i_; }
+
+    private:
+        const KeptEntries* k_;
+        std::size_t i_;
+    };
+    [[nodiscard]] const_iterator begin() const { return {this, 0}; }
+    [[nodiscard]] const_iterator end() const { return {this, size_}; }
+
+private:
+    static constexpr std::size_t kChunkBytes = kPerChunk * sizeof(KeptEntry);
+    std::vector<KeptEntry*> chunks_;
+    std::size_t size_ = 0;
+    std::size_t released_ = 0;  // chunks handed back
+};
+// The conversion read the entries before `i` for the last time.
+template <class E>
+void release_read(const std::vector<E>&, std::size_t) {}
+void release_read(KeptEntries& k, std::size_t i) {
+    if (i % KeptEntries::kPerChunk == 0) k.release_before(i);
+}
 
 // OOM entries noted one by one; past this, one note counts the rest.
 constexpr std::int64_t kMaxOomNotes = 20;
@@ -107,9 +180,10 @@ private:
     std::unordered_map<std::int32_t, std::int32_t> labels_;
 };
 
-// `entries`: the device's trace (a vector, or the deque a streamed read keeps).
+// `entries`: the device's trace (a vector, or the entries a streamed read
+// keeps, handed back as the last pass reads them).
 template <class Entries>
-void from_device_trace(const Snapshot& s, const Entries& entries, int device, TraceConversion& out) {
+void from_device_trace(const Snapshot& s, Entries& entries, int device, TraceConversion& out) {
     auto& info = out.info;
     info.source = "device_traces";
     bool completed = false, requested = false;
@@ -171,6 +245,7 @@ void from_device_trace(const Snapshot& s, const Entries& entries, int device, Tr
     std::size_t i = 0;
     for (auto at = entries.begin(); at != entries.end(); ++at, ++i) {
         check_budget();
+        release_read(entries, i);
         const auto& e = *at;
         if (e.action == TraceAction::Alloc) {
             if (Live* l = live.find(e.addr)) {
@@ -255,7 +330,7 @@ TraceConversion to_trace_detailed(const Snapshot& s, int device) {
 
 namespace {
 // to_trace_detailed() on the entries a streamed read kept for `device`.
-TraceConversion to_trace_streamed(const Snapshot& s, const std::deque<KeptEntry>& entries, int device) {
+TraceConversion to_trace_streamed(const Snapshot& s, KeptEntries& entries, int device) {
     TraceConversion out;
     out.info.device = device;
     if (device >= 0 && !entries.empty())
@@ -292,7 +367,7 @@ namespace {
 // `kept`: the trace entries of the one device the streamed read kept
 // (snap.device_traces holds none); `streamed`: every device's statistics.
 SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const StreamedTraceStats& streamed,
-                       std::deque<KeptEntry>& kept, int kept_device) {
+                       KeptEntries& kept, int kept_device) {
     SnapshotReport rep;
     rep.summary = summarize(snap, opt.top_n, &streamed);
     std::int64_t ooms = 0;
@@ -317,7 +392,7 @@ SnapshotReport analyze(Snapshot snap, const SnapshotOptions& opt, const Streamed
     }
     auto conv = to_trace_streamed(snap, kept, device);
     // The entries are in the trace now: free them before the replay.
-    std::deque<KeptEntry>().swap(kept);
+    kept.clear();
     rep.summary.conversion = conv.info;
     for (auto& n : conv.notes) rep.summary.notes.push_back(std::move(n));
 
@@ -377,14 +452,14 @@ public:
         });
         return stats_;
     }
-    std::deque<KeptEntry>& kept() { return kept_; }
+    KeptEntries& kept() { return kept_; }
     [[nodiscard]] int kept_device() const { return kept_device_; }
 
 private:
     int want_;
     StreamedTraceStats stats_;
     std::vector<std::int32_t> oom_frames_;
-    std::deque<KeptEntry> kept_;  // chunked: growing it never copies
+    KeptEntries kept_;  // chunked: growing it never copies
     int kept_device_ = -1;
 };
 
