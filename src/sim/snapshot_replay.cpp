@@ -29,21 +29,16 @@ int default_device(const Snapshot& s) {
 
 namespace {
 
-// What a streamed read keeps of each entry of the replayed device: 32 bytes
-// instead of SnapshotTraceEntry's 48 (no time; an "oom" entry, which has no
-// address, keeps device_free in addr).
+// What a streamed read keeps of each entry of the replayed device (no time;
+// an "oom" entry, which has no address, keeps device_free in addr), as the
+// conversion reads it. KeptEntries stores it in 24 bytes.
 struct KeptEntry {
     std::int64_t addr = 0;
     Bytes size;
     std::int64_t stream = 0;
     std::int32_t frame = -1;
     TraceAction action = TraceAction::Other;
-
-    static KeptEntry of(const SnapshotTraceEntry& e) {
-        return KeptEntry{e.action == TraceAction::Oom ? e.device_free.count() : e.addr, e.size, e.stream, e.frame, e.action};
-    }
 };
-static_assert(sizeof(KeptEntry) == 32);
 Bytes device_free_of(const SnapshotTraceEntry& e) { return e.device_free; }
 Bytes device_free_of(const KeptEntry& e) { return Bytes(e.addr); }
 
@@ -52,22 +47,42 @@ Bytes device_free_of(const KeptEntry& e) { return Bytes(e.addr); }
 // entries and the trace made of them are never all resident at once: they
 // were the peak of a large snapshot's analysis (10M entries: 320 MB of
 // entries beside the trace), and the peak is what kMaxSnapshotMemory bounds.
+//
+// An entry takes 24 bytes, not SnapshotTraceEntry's 48: the stream (a CUDA
+// stream's handle) is kept as the index of its first appearance among the
+// kept entries (a trace has a handful), beside the action in one word.
 class KeptEntries {
 public:
-    static constexpr std::size_t kPerChunk = std::size_t(1) << 16;  // x 32 B = 2 MiB
+    static constexpr std::size_t kPerChunk = std::size_t(1) << 16;  // x 24 B = 1.5 MiB
     KeptEntries() = default;
     KeptEntries(const KeptEntries&) = delete;
     KeptEntries& operator=(const KeptEntries&) = delete;
     ~KeptEntries() { clear(); }
 
-    void push_back(const KeptEntry& e) {
+    void push_back(const SnapshotTraceEntry& e) {
         if (size_ % kPerChunk == 0) {
             chunks_.reserve(chunks_.size() + 1);
             void* p = ::mmap(nullptr, kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p == MAP_FAILED) throw std::bad_alloc();
-            chunks_.push_back(static_cast<KeptEntry*>(p));
+            chunks_.push_back(static_cast<Packed*>(p));
         }
-        chunks_.back()[size_ % kPerChunk] = e;
+        std::uint32_t si = 0;
+        if (!streams_.empty() && e.stream == streams_[last_stream_]) {
+            si = last_stream_;  // (most entries are on the stream before's)
+        } else if (const auto it = stream_index_.find(e.stream); it != stream_index_.end()) {
+            si = it->second;
+        } else {
+            // More distinct streams than 2^28 would need more entries than
+            // kMaxSnapshotMemory holds: never reached.
+            if (streams_.size() >= kMaxStreams) throw std::bad_alloc();
+            si = static_cast<std::uint32_t>(streams_.size());
+            streams_.push_back(e.stream);
+            stream_index_.emplace(e.stream, si);
+        }
+        last_stream_ = si;
+        chunks_.back()[size_ % kPerChunk] =
+            Packed{e.action == TraceAction::Oom ? e.device_free.count() : e.addr, e.size.count(),
+                   si | (static_cast<std::uint32_t>(e.action) << kStreamBits), e.frame};
         ++size_;
     }
     [[nodiscard]] std::size_t size() const { return size_; }
@@ -80,18 +95,24 @@ public:
         }
     }
     void clear() {
-        for (KeptEntry* c : chunks_)
+        for (Packed* c : chunks_)
             if (c) ::munmap(c, kChunkBytes);
         chunks_.clear();
         size_ = 0;
         released_ = 0;
+        streams_.clear();
+        stream_index_.clear();
+        last_stream_ = 0;
     }
 
     class const_iterator {
     public:
         const_iterator(const KeptEntries* k, std::size_t i) : k_(k), i_(i) {}
-        const KeptEntry& operator*() const { return k_->chunks_[i_ / kPerChunk][i_ % kPerChunk]; }
-        const KeptEntry* operator->() const { return &**this; }
+        KeptEntry operator*() const {
+            const Packed& p = k_->chunks_[i_ / kPerChunk][i_ % kPerChunk];
+            return KeptEntry{p.addr, Bytes(p.size), k_->streams_[p.stream_action & kStreamMask], p.frame,
+                             static_cast<TraceAction>(p.stream_action >> kStreamBits)};
+        }
         const_iterator& operator++() {
             ++i_;
             return *this;
@@ -106,10 +127,24 @@ public:
     [[nodiscard]] const_iterator end() const { return {this, size_}; }
 
 private:
-    static constexpr std::size_t kChunkBytes = kPerChunk * sizeof(KeptEntry);
-    std::vector<KeptEntry*> chunks_;
+    struct Packed {
+        std::int64_t addr;
+        std::int64_t size;
+        std::uint32_t stream_action;  // stream index (low kStreamBits), action (above)
+        std::int32_t frame;
+    };
+    static_assert(sizeof(Packed) == 24);
+    static constexpr int kStreamBits = 28;
+    static constexpr std::uint32_t kStreamMask = (1u << kStreamBits) - 1;
+    static constexpr std::size_t kMaxStreams = std::size_t(1) << kStreamBits;
+    static_assert(static_cast<std::uint32_t>(TraceAction::Other) < (1u << (32 - kStreamBits)));
+    static constexpr std::size_t kChunkBytes = kPerChunk * sizeof(Packed);
+    std::vector<Packed*> chunks_;
     std::size_t size_ = 0;
     std::size_t released_ = 0;  // chunks handed back
+    std::vector<std::int64_t> streams_;  // by index
+    std::unordered_map<std::int64_t, std::uint32_t> stream_index_;
+    std::uint32_t last_stream_ = 0;
 };
 // The conversion read the entries before `i` for the last time.
 template <class E>
@@ -431,7 +466,7 @@ public:
             kept_.clear();
             kept_device_ = d;
         }
-        kept_.push_back(KeptEntry::of(e));
+        kept_.push_back(e);
     }
     void restart() override {
         stats_ = {};
