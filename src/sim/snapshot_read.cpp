@@ -253,7 +253,7 @@ void vfor_each(JRef r, std::size_t limit, F&& f) {
     for (auto it = r.j->begin(); it != r.j->end() && n < limit; ++it, ++n) f(clean_text(it.key(), 128), JRef{&it.value()});
 }
 
-// One JSON trace entry as FastJson reads it alone (see FastJson::entry):
+// One JSON trace entry as FastJson reads it alone (see FastJson::fvalue):
 // flat nodes, the items of each container contiguous (a dict's keys and
 // values interleaved, in the order written, so a repeated key's last value
 // is the one vget finds, as nlohmann's object keeps it), strings as views
@@ -262,7 +262,7 @@ void vfor_each(JRef r, std::size_t limit, F&& f) {
 struct FDoc {
     struct Node {
         VKind kind = VKind::Null;
-        std::uint32_t first = 0, count = 0;  // containers: items_[first, first + count)
+        std::uint32_t first = 0, count = 0;  // containers: items[first, first + count)
         std::int64_t i = 0;                  // Int, BigInt (as vint gives it)
         double f = 0;                        // Float
         std::string_view s;                  // String
@@ -1206,9 +1206,10 @@ private:
     // It gives up (false) on anything the SAX path would treat otherwise or
     // reject: text it gives up on, nesting deeper than kMaxEntryDepth, or an
     // entry longer than kMaxEntryText, whose values JsonStream might count
-    // past its limit for one entry (at most ~27 bytes charged per byte of
-    // text, for "[]," in an array: 256 KiB x 27 < 16 MiB). The caller then
-    // reads the same text through the SAX calls.
+    // past its limit for one entry (JsonStream charges at most 40 bytes per
+    // byte of text, 80 for each "[]" nested in an array: 256 KiB x 40 =
+    // 10 MiB < 16 MiB). The caller then reads the same text through the SAX
+    // calls.
     static constexpr std::size_t kMaxEntryText = std::size_t(256) << 10;
     static constexpr int kMaxEntryDepth = 8;
     bool fvalue(int depth) {

@@ -42,11 +42,12 @@ struct KeptEntry {
 Bytes device_free_of(const SnapshotTraceEntry& e) { return e.device_free; }
 Bytes device_free_of(const KeptEntry& e) { return Bytes(e.addr); }
 
-// The entries a streamed read keeps, in chunks of 2 MiB mapped from the
+// The entries a streamed read keeps, in chunks of 1.5 MiB mapped from the
 // system. The conversion hands each chunk back once it has read it, so the
 // entries and the trace made of them are never all resident at once: they
 // were the peak of a large snapshot's analysis (10M entries: 320 MB of
-// entries beside the trace), and the peak is what kMaxSnapshotMemory bounds.
+// entries beside the trace), and the peak is what kMaxSnapshotMemory bounds
+// (RSS, see core/budget.hpp).
 //
 // An entry takes 24 bytes, not SnapshotTraceEntry's 48: the stream (a CUDA
 // stream's handle) is kept as the index of its first appearance among the
@@ -61,7 +62,7 @@ public:
 
     void push_back(const SnapshotTraceEntry& e) {
         if (size_ % kPerChunk == 0) {
-            chunks_.reserve(chunks_.size() + 1);
+            if (chunks_.size() == chunks_.capacity()) chunks_.reserve(2 * chunks_.size() + 8);  // (no throw after the map)
             void* p = ::mmap(nullptr, kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p == MAP_FAILED) throw std::bad_alloc();
             chunks_.push_back(static_cast<Packed*>(p));
