@@ -306,6 +306,7 @@ Result<EstimateResult> simulate_estimate(const ModelGraph& g, const EstimateRequ
             }
         }
         for (const auto& t : rep.top_at_peak) s.top_at_peak.push_back({t.size, t.label, sim::phase_name(t.phase)});
+        s.timeline.reserve(rep.timeline.size());
         for (const auto& p : rep.timeline) s.timeline.push_back({p.event, sim::phase_name(p.phase), p.step, p.allocated, p.reserved});
         if (!st.steps.empty()) {
             s.after_forward = st.steps.front().after_forward;

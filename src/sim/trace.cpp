@@ -172,6 +172,13 @@ public:
     IdTable(const IdTable&) = delete;
     IdTable& operator=(const IdTable&) = delete;
     static void release_spare() { spare() = Storage{}; }
+    // Room for ids below `n` (within the dense limit), taken now: growing by
+    // doubling copied the table into fresh pages each time.
+    void reserve(std::size_t n) {
+        n = std::min(n, static_cast<std::size_t>(std::max<std::int64_t>(limit_, 0)));
+        values_.reserve(n);
+        has_.reserve(n);
+    }
 
     [[nodiscard]] V* find(std::int64_t id) {
         if (dense(id)) return static_cast<std::size_t>(id) < has_.size() && has_[static_cast<std::size_t>(id)] ? &values_[static_cast<std::size_t>(id)] : nullptr;
@@ -273,6 +280,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     // being reached while the entries are converted.)
     const std::int64_t dense_ids = std::min<std::int64_t>(checked_add(checked_mul(n, std::int64_t{4}), std::int64_t{1024}), std::int64_t{1} << 23);
     IdTable<Live> live(dense_ids);
+    live.reserve(static_cast<std::size_t>(n) + 1);  // (a trace's ids count its allocations)
     std::vector<std::uint8_t> accepted(static_cast<std::size_t>(n), 0);  // Alloc events that allocated
     std::unordered_set<std::int64_t> failed;  // ids whose allocation hit OOM: their Free is ignored
 
