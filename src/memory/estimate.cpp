@@ -33,6 +33,8 @@ ParamSummary summarize_params(const ModelGraph& g) {
             dt[k] = checked_add(dt[k], n);
             seen[k] = true;
         }
+    s.by_component.reserve(kComponentCount);
+    s.by_dtype.reserve(kDTypes);
     for (int i = 0; i < kComponentCount; ++i)
         if (comp[static_cast<std::size_t>(i)] != 0)
             s.by_component.emplace_back(component_name(static_cast<Component>(i)), comp[static_cast<std::size_t>(i)]);

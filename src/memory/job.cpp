@@ -148,6 +148,7 @@ Bytes quantized_bytes(Quant q, const Param& p, std::int64_t count, DType fallbac
 Result<Job> resolve_job(const ModelGraph& g_in, const EstimateRequest& req_in) {
     return capture([&]() -> Job {
         Job job;
+        job.assumptions.reserve(12);  // (a job states 4-10; grown by doubling they took 4 allocations)
         // A framework that trains a tied output layer as its own weight
         // (LitGPT, memory/framework.hpp untied_head) runs another graph.
         std::shared_ptr<const ModelGraph> untied;
@@ -311,6 +312,11 @@ Result<Job> resolve_job(const ModelGraph& g_in, const EstimateRequest& req_in) {
             }
             job.assumptions.push_back("--params: model states only; activations, KV cache and transients are not modelled");
         } else {
+            if (train && !lora) {
+                std::size_t n = 0;
+                for (const auto& b : g.blocks) n += b.params.size();
+                trainable.reserve(n);
+            }
             for (const auto& b : g.blocks)
                 for (const auto& p : b.params) {
                     weights += quantized_bytes(quant, p, wdt, req.double_quant, req.quantize_head) * b.repeat;

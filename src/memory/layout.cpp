@@ -258,6 +258,7 @@ Result<Layout> resolve_layout(const ParallelConfig& c, const ModelGraph& g, std:
 
 std::vector<std::vector<std::int32_t>> assign_virtual_stages(const ModelGraph& g, const Layout& lay) {
     std::vector<std::int64_t> cum;  // cumulative layers through each virtual stage
+    cum.reserve(lay.stage_layers.size());
     std::int64_t acc = 0;
     for (auto v : lay.stage_layers) cum.push_back(acc += v);
     const auto last = static_cast<std::int32_t>(std::max<std::size_t>(1, lay.stage_layers.size()) - 1);
@@ -269,6 +270,7 @@ std::vector<std::vector<std::int32_t>> assign_virtual_stages(const ModelGraph& g
     std::int32_t current = 0;
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
         const Block& b = g.blocks[bi];
+        out[bi].reserve(static_cast<std::size_t>(std::max<std::int64_t>(b.repeat, 0)));  // (grown by doubling: 8 allocations for 80 layers)
         for (std::int64_t r = 0; r < b.repeat; ++r) {
             if (b.checkpointable) {
                 std::int32_t v = 0;
