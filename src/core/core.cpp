@@ -52,17 +52,6 @@ const char* to_string(ErrorCode c) {
     return "error";
 }
 
-int dtype_bits(DType t) {
-    switch (t) {
-        case DType::F64: case DType::I64: return 64;
-        case DType::F32: case DType::I32: return 32;
-        case DType::F16: case DType::BF16: case DType::I16: return 16;
-        case DType::F8_E4M3: case DType::F8_E5M2: case DType::I8: case DType::U8: case DType::Bool: return 8;
-        case DType::NF4: case DType::Int4: return 4;
-    }
-    return 8;
-}
-
 std::string_view dtype_name(DType t) {
     switch (t) {
         case DType::F64: return "float64";
@@ -103,11 +92,6 @@ std::optional<DType> parse_dtype(std::string_view in) {
         if (s == a.name) return a.t;
     if (s == "int4") return DType::Int4;
     return std::nullopt;
-}
-
-Bytes dtype_bytes(DType t, std::int64_t elements) {
-    const std::int64_t bits = checked_mul(elements, dtype_bits(t));
-    return Bytes(bits / 8 + (bits % 8 ? 1 : 0));
 }
 
 }  // namespace gpumem

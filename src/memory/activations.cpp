@@ -651,6 +651,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         return memo->entries.back().result;
     };
     ActivationResult res;
+    res.blocks.reserve(g.blocks.size());
     std::vector<std::string> shared_seen;
     bool rg = input_requires_grad;
     bool prev_saves_output = false;
@@ -767,7 +768,9 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         for (const Op& op : blk.ops)
             if (is_output_head(op)) {
                 const TensorInfo& lt = blk.tensors[static_cast<std::size_t>(op.outputs.front())];
-                res.logits = activation_bytes(lt, resolve_role(lt.role, ctx), tp_split_flags(blk)[static_cast<std::size_t>(op.outputs.front())] != 0, ctx);
+                static thread_local std::vector<char> split;  // (its storage reused: saved_activations does not nest)
+                tp_split_flags(blk, split);
+                res.logits = activation_bytes(lt, resolve_role(lt.role, ctx), split[static_cast<std::size_t>(op.outputs.front())] != 0, ctx);
             }
         rg = rest.output_rg;
         prev_output = rest.output_bytes;

@@ -187,7 +187,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     bool cast_saved = false;  // the loss saves its fp32 copy (Megatron's vocab-parallel CE): in act_peak already
     if (td && job.train && graph) {
         const Block& hb = g.blocks.back();
-        const std::vector<char> split = tp_split_flags(hb);
+        static thread_local std::vector<char> split;  // (its storage reused: parallel_memory does not nest)
+        tp_split_flags(hb, split);
         const auto role_dt = [&](TensorId x) { return resolve_role(hb.tensors[static_cast<std::size_t>(x)].role, ctx); };
         const auto bytes_of = [&](TensorId x) {
             return activation_bytes(hb.tensors[static_cast<std::size_t>(x)], role_dt(x), split[static_cast<std::size_t>(x)] != 0, ctx);
