@@ -848,3 +848,80 @@ TEST(Replay, TopTensorsAtThePeak) {
     EXPECT_STREQ(phase_name(Phase::Backward), "backward");
     (void)tmp;
 }
+
+// ---------------------------------------------------------------------------
+// The capacity watch's copy (watch_capacity / take_watched) against an
+// allocator that ran against the limit from the start: from the first
+// cudaMalloc past the limit on, both must answer every request alike (same
+// handles, stats and state). The random run keeps well over 256 blocks (the
+// block store's chunk) and frees whole segments (empty_cache, OOM retries),
+// so the copy covers several chunks and the segment records' compaction.
+TEST(Allocator, WatchedCopyAnswersLikeAnAllocatorAtTheLimit) {
+    for (const char* text : {"", "max_split_size_mb:64", "roundup_power2_divisions:4"}) {
+        SCOPED_TRACE(text);
+        const Bytes limit = MiBf(256);
+        CachingAllocator watched(conf(text), GiB(64));
+        CachingAllocator at_limit(conf(text), limit);
+        ASSERT_TRUE(watched.watch_capacity(limit));
+        std::optional<CachingAllocator> copy;
+        std::mt19937_64 rng(99);
+        std::vector<BlockHandle> live;  // handles valid in `at_limit` and, before the crossing, in `watched`
+        std::size_t most_blocks = 0;
+        auto same_state = [&](const CachingAllocator& a, const CachingAllocator& b) {
+            std::vector<std::int64_t> sa, sb;
+            a.signature(sa, [](BlockHandle h) { return h; });
+            b.signature(sb, [](BlockHandle h) { return h; });
+            return sa == sb;
+        };
+        for (int op = 0; op < 6000; ++op) {
+            CachingAllocator& run = copy ? *copy : watched;
+            const auto dice = rng() % 100;
+            if (dice < 60 || live.empty()) {
+                // Mostly small tensors (many blocks per 2 MiB segment), some large ones.
+                const std::int64_t sz = rng() % 20 != 0 ? 1 + static_cast<std::int64_t>(rng() % (64 * 1024))
+                                                         : kMB + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(8 * kMB));
+                const int stream = static_cast<int>(rng() % 2);
+                const AllocResult want = at_limit.malloc(Bytes(sz), stream);
+                const AllocResult got = run.malloc(Bytes(sz), stream);
+                if (!copy) {
+                    if (auto c = watched.take_watched()) {
+                        // The crossing: the copy is the state before this malloc. Run it there.
+                        copy.emplace(std::move(*c));
+                        const AllocResult again = copy->malloc(Bytes(sz), stream);
+                        ASSERT_EQ(again.ok, want.ok) << "op " << op;
+                        if (want.ok) {
+                            ASSERT_EQ(again.handle, want.handle) << "op " << op;
+                            live.push_back(want.handle);
+                        }
+                        continue;
+                    }
+                }
+                ASSERT_EQ(got.ok, want.ok) << "op " << op;
+                if (want.ok) {
+                    ASSERT_EQ(got.handle, want.handle) << "op " << op;
+                    live.push_back(want.handle);
+                }
+            } else if (dice < 97) {
+                const std::size_t k = static_cast<std::size_t>(rng() % live.size());
+                at_limit.free(live[k]);
+                run.free(live[k]);
+                live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+            } else {
+                at_limit.empty_cache();
+                run.empty_cache();
+            }
+            most_blocks = std::max(most_blocks, live.size());
+            if (copy && op % 20 == 0) {
+                copy->check_invariants();
+                ASSERT_EQ(copy->stats().reserved, at_limit.stats().reserved) << "op " << op;
+                ASSERT_EQ(copy->stats().segments, at_limit.stats().segments) << "op " << op;
+                ASSERT_TRUE(same_state(*copy, at_limit)) << "op " << op;
+            }
+        }
+        ASSERT_TRUE(copy.has_value()) << "the run never crossed the limit";
+        EXPECT_GT(most_blocks, 600u);
+        EXPECT_GT(at_limit.stats().ooms, 0);
+        EXPECT_GT(at_limit.stats().cuda_frees, 0);
+        EXPECT_EQ(copy->stats().ooms, at_limit.stats().ooms);
+    }
+}

@@ -24,7 +24,6 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
-#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -268,10 +267,87 @@ struct ExpSeg {
     bool small = false;
 };
 
+// The blocks, by slot: chunks of 256 that never move (blocks link to each
+// other by pointer). std::deque kept 4 blocks in each of its 512-byte
+// chunks: 600 of an 8B simulation's heap allocations, the capacity watch's
+// copy included.
+class BlockStore {
+public:
+    static constexpr std::size_t kChunk = 256;
+    BlockStore() = default;
+    BlockStore(const BlockStore& o) { *this = o; }
+    BlockStore& operator=(const BlockStore& o) {
+        if (this == &o) return *this;
+        chunks_.clear();
+        chunks_.reserve(o.chunks_.size());
+        for (const auto& c : o.chunks_) {
+            chunks_.push_back(std::make_unique<Block[]>(kChunk));
+            std::copy(c.get(), c.get() + kChunk, chunks_.back().get());
+        }
+        size_ = o.size_;
+        return *this;
+    }
+    [[nodiscard]] std::size_t size() const { return size_; }
+    Block& operator[](std::size_t i) { return chunks_[i / kChunk][i % kChunk]; }
+    const Block& operator[](std::size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
+    Block& emplace_back() {
+        if (size_ == chunks_.size() * kChunk) chunks_.push_back(std::make_unique<Block[]>(kChunk));
+        return (*this)[size_++];
+    }
+    template <class F>
+    void for_each(F&& f) {
+        for (std::size_t i = 0; i < size_; ++i) f((*this)[i]);
+    }
+    template <class F>
+    void for_each(F&& f) const {
+        for (std::size_t i = 0; i < size_; ++i) f((*this)[i]);
+    }
+
+private:
+    std::vector<std::unique_ptr<Block[]>> chunks_;
+    std::size_t size_ = 0;
+};
+
 struct SegRec {  // one cudaMalloc segment
+    std::int64_t base = 0;
     std::int64_t size = 0;
     int stream = 0;
     bool small = false;
+    bool released = false;
+};
+
+// The cudaMalloc segments by base address. Bases come from a bump pointer,
+// so records are appended in address order and found by binary search; a
+// released one is marked and dropped when half the records are released.
+// (A hash map took a heap node per segment and a node per segment again in
+// every clone: 2,400 of the 7,300 heap allocations of an 8B simulation.)
+class SegTable {
+public:
+    void add(std::int64_t base, SegRec r) {
+        if (!recs_.empty() && base <= recs_.back().base) throw std::logic_error("CachingAllocator: segment bases out of order");
+        r.base = base;
+        recs_.push_back(r);
+        ++live_;
+    }
+    [[nodiscard]] const SegRec* find(std::int64_t base) const { return at(recs_, base); }
+    void erase(std::int64_t base) {
+        SegRec* r = at(recs_, base);
+        if (!r) return;
+        r->released = true;
+        --live_;
+        if (live_ * 2 < recs_.size())
+            recs_.erase(std::remove_if(recs_.begin(), recs_.end(), [](const SegRec& x) { return x.released; }), recs_.end());
+    }
+    [[nodiscard]] std::size_t size() const { return live_; }
+
+private:
+    template <class V>
+    static auto at(V& recs, std::int64_t base) -> decltype(&recs.front()) {
+        auto it = std::lower_bound(recs.begin(), recs.end(), base, [](const SegRec& r, std::int64_t b) { return r.base < b; });
+        return it != recs.end() && it->base == base && !it->released ? &*it : nullptr;
+    }
+    std::vector<SegRec> recs_;
+    std::size_t live_ = 0;
 };
 
 struct CachingAllocator::Impl {
@@ -285,9 +361,9 @@ struct CachingAllocator::Impl {
     BlockPool large_blocks{false};
     BlockPool small_blocks{true};
 
-    std::deque<Block> storage;
+    BlockStore storage;
     std::vector<std::uint32_t> free_slots;
-    std::unordered_map<std::int64_t, SegRec> segs;      // cudaMalloc segments by base
+    SegTable segs;                                      // cudaMalloc segments by base
     std::vector<std::unique_ptr<ExpSeg>> exp_segs;      // live expandable segments
     std::int64_t next_addr = std::int64_t{1} << 32;     // bump pointer for virtual addresses
     AllocatorStats stats;
@@ -318,8 +394,7 @@ struct CachingAllocator::Impl {
             b->slot = slot;
             b->gen = gen;
         } else {
-            storage.emplace_back();
-            b = &storage.back();
+            b = &storage.emplace_back();
             b->slot = static_cast<std::uint32_t>(storage.size() - 1);
         }
         b->addr = addr;
@@ -454,7 +529,7 @@ struct CachingAllocator::Impl {
         const std::int64_t addr = next_addr;
         next_addr += round_up(p.alloc_size, kRoundLarge);
         p.block = new_block(addr, p.alloc_size, p.stream, p.pool, nullptr);
-        segs.emplace(addr, SegRec{p.alloc_size, p.stream, p.pool->is_small});
+        segs.add(addr, SegRec{0, p.alloc_size, p.stream, p.pool->is_small, false});
         ++stats.segments;
         ++stats.cuda_mallocs;
         add_reserved(p.alloc_size);
@@ -793,14 +868,14 @@ struct CachingAllocator::Impl {
         auto c = std::make_unique<Impl>(cfg, Bytes(capacity));
         c->storage = storage;
         auto tr = [&c](const Block* b) -> Block* { return b ? &c->storage[b->slot] : nullptr; };
-        for (Block& b : c->storage) {
+        c->storage.for_each([&](Block& b) {
             b.prev = tr(b.prev);
             b.next = tr(b.next);
             b.pool = b.pool == &large_blocks ? &c->large_blocks : b.pool == &small_blocks ? &c->small_blocks : nullptr;
             b.es = nullptr;
             b.in_free = false;
             b.free_pos = {};
-        }
+        });
         for (const BlockPool* from : {&large_blocks, &small_blocks}) {
             BlockPool& to = from == &large_blocks ? c->large_blocks : c->small_blocks;
             to.get_free_blocks_call_count = from->get_free_blocks_call_count;
@@ -885,8 +960,9 @@ struct CachingAllocator::Impl {
     // --- inspection ----------------------------------------------------------
     [[nodiscard]] std::vector<const Block*> heads() const {
         std::vector<const Block*> out;
-        for (const Block& b : storage)
+        storage.for_each([&](const Block& b) {
             if (b.live && b.prev == nullptr) out.push_back(&b);
+        });
         return out;
     }
 
@@ -998,9 +1074,9 @@ struct CachingAllocator::Impl {
                 if (mapped > 0) ++n_es;
                 ++n_es_objects;
             } else {
-                auto it = segs.find(base);
-                if (it == segs.end() || it->second.size != seg_size) violation("segment size differs from the cudaMalloc size");
-                if (it->second.small != head->pool->is_small || it->second.stream != head->stream)
+                const SegRec* rec = segs.find(base);
+                if (!rec || rec->size != seg_size) violation("segment size differs from the cudaMalloc size");
+                if (rec->small != head->pool->is_small || rec->stream != head->stream)
                     violation("segment record pool/stream");
                 ++n_segs;
             }

@@ -57,6 +57,7 @@ void StepBuilder::inference() {
                     }
                     ++layer;
                 }
+                instances_.give(std::move(in));
             }
         }
         em_.unref(x);

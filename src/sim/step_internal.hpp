@@ -203,6 +203,38 @@ struct Instance {
     bool input_rg = false;
 };
 
+// Instances whose backward (or inference forward) is done, kept for the next
+// forward: their per-tensor and per-op vectors keep their storage (an
+// instance's dozens of small vectors were most of an 8B simulation's heap
+// allocations). take() hands one back with every field but those vectors
+// reset; forward() sizes the vectors itself.
+class InstancePool {
+public:
+    Instance take() {
+        if (spare_.empty()) return Instance{};
+        Instance in = std::move(spare_.back());
+        spare_.pop_back();
+        in.plan = nullptr;
+        in.extra.clear();
+        in.input = 0;
+        in.checkpoint = 0;
+        in.checkpointed = false;
+        in.group = 0;
+        in.group_pos = 0;
+        in.offloaded = Bytes(0);
+        in.input_rg = false;
+        return in;
+    }
+    void give(Instance&& in) { spare_.push_back(std::move(in)); }
+    void give(std::vector<Instance>& v) {
+        for (auto& in : v) spare_.push_back(std::move(in));
+        v.clear();
+    }
+
+private:
+    std::vector<Instance> spare_;
+};
+
 // One rank of the job (the only one on a single GPU): its blocks, chunk by
 // chunk, in its pipeline schedule's order.
 class StepBuilder {
@@ -260,6 +292,8 @@ private:
     }
     std::vector<std::int64_t> dropped_casts_;  // autocast weight copies freed when forward ends
     std::vector<std::int64_t> states_;
+    InstancePool instances_;
+    std::vector<std::int32_t> uses_;  // forward's countdown of each storage's reads (forward does not nest)
     bool ws_main_ = false, ws_autograd_ = false;
     bool skipped_detection_ = false;
     std::int32_t param_grad_label_ = -1;

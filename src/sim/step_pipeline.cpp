@@ -217,6 +217,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
                 for (auto id : stack[j].extra) em_.unref(id);
                 stack[j].extra.clear();
             }
+            instances_.give(re);
             it += static_cast<std::ptrdiff_t>(in.group_pos);  // the chunk's other instances are done
             em_.stream = 0;
             continue;
@@ -237,6 +238,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
             // What the first forward kept for its backward (SHARD_GRAD_OP's parameters).
             for (auto id : in.extra) em_.unref(id);
             in.extra.clear();
+            instances_.give(std::move(re));
         } else {
             g = backward(in, g, next);
         }
@@ -246,6 +248,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
     em_.unref(prefetched_);
     prefetched_ = 0;
     em_.unref(g);  // the input gradient (sent to the previous stage)
+    instances_.give(stack);  // their backward is done (the caller drops the emptied stack)
     em_.mark();
     out_.steps.back().after_backward = em_.live();
 }

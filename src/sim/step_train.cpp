@@ -218,7 +218,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     // other matmul's output and the fused attention outputs (op_sac_saved).
     const bool sac = !keep_saves && grad_mode && c.recompute == Recompute::Ops && b.checkpointable;
     std::int64_t mm = 0;
-    Instance in;
+    Instance in = instances_.take();
     in.plan = &p;
     in.input = input;
     in.input_rg = input_rg;
@@ -238,7 +238,8 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     in.rg.assign(n, 0);
     in.saves.assign(b.ops.size(), {});
     in.lora_input.assign(b.ops.size(), 0);
-    std::vector<std::int32_t> uses = p.uses;
+    std::vector<std::int32_t>& uses = uses_;
+    uses.assign(p.uses.begin(), p.uses.end());
     const auto st0 = static_cast<std::size_t>(p.storage[0]);
     const auto out_st = static_cast<std::size_t>(p.storage[static_cast<std::size_t>(b.output)]);
     in.gid[st0] = input;
