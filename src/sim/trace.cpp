@@ -8,6 +8,7 @@
 #include "gpumem/sim/trace.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <functional>
 #include <new>
 #include <optional>
@@ -272,8 +273,12 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     const std::int64_t kept_boundaries = std::min(boundaries, max_points / 2);
     const std::int64_t buckets = std::max<std::int64_t>(1, max_points - kept_boundaries - 3);
     const std::int64_t bucket_size = std::max<std::int64_t>(1, (n + buckets - 1) / buckets);
-    std::vector<TimelinePoint> points;
-    if (max_points > 0) points.reserve(static_cast<std::size_t>(buckets + kept_boundaries + 3));
+    // Phase boundaries and bucket maxima, each in event order (merged at the end).
+    std::vector<TimelinePoint> points, boundary_pts;
+    if (max_points > 0) {
+        points.reserve(static_cast<std::size_t>(buckets + 1));
+        boundary_pts.reserve(static_cast<std::size_t>(kept_boundaries));
+    }
     std::int64_t boundary_points = 0;
     std::int64_t cur_bucket = -1;
     std::optional<TimelinePoint> bucket_best;
@@ -452,7 +457,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
         if (max_points > 0) {
             const TimelinePoint pt{i, e.phase, e.step, allocated, reserved};
             if (new_phase && boundary_points < kept_boundaries) {
-                points.push_back(pt);
+                boundary_pts.push_back(pt);
                 ++boundary_points;
             }
             const std::int64_t b = i / bucket_size;
@@ -474,11 +479,21 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& opt) {
     // --- timeline: merge, keep the peaks, at most max_points.
     if (max_points > 0 && n > 0) {
         if (bucket_best) points.push_back(*bucket_best);
-        if (have_reserved_peak) points.push_back(reserved_peak_point);
+        auto by_event = [](const TimelinePoint& a, const TimelinePoint& b) { return a.event < b.event; };
+        // In event order, points of one event in the order they were taken
+        // (what a stable sort of them all gives): a phase boundary is taken at
+        // its event, a bucket's maximum only once its bucket has ended, so a
+        // boundary goes first (std::merge takes the first range's first); the
+        // reserved peak and the final point come after every point of their
+        // event. (The stable sort of ~1,000 points was 3% of a one-off
+        // simulated `gpumem estimate`.)
+        std::vector<TimelinePoint> merged;
+        merged.reserve(boundary_pts.size() + points.size() + 2);
+        std::merge(boundary_pts.begin(), boundary_pts.end(), points.begin(), points.end(), std::back_inserter(merged), by_event);
+        points = std::move(merged);
+        if (have_reserved_peak) points.insert(std::upper_bound(points.begin(), points.end(), reserved_peak_point, by_event), reserved_peak_point);
         const TraceEvent& last = ev.back();
         points.push_back(TimelinePoint{n - 1, last.phase, last.step, res.final_allocated, res.final_reserved});
-        auto by_event = [](const TimelinePoint& a, const TimelinePoint& b) { return a.event < b.event; };
-        std::stable_sort(points.begin(), points.end(), by_event);
         points.erase(std::unique(points.begin(), points.end(),
                                  [](const TimelinePoint& a, const TimelinePoint& b) { return a.event == b.event; }),
                      points.end());
