@@ -206,23 +206,22 @@ struct Instance {
 // Instances whose backward (or inference forward) is done, kept for the next
 // forward: their per-tensor and per-op vectors keep their storage (an
 // instance's dozens of small vectors were most of an 8B simulation's heap
-// allocations). take() hands one back with every field but those vectors
-// reset; forward() sizes the vectors itself.
+// allocations). take() hands back a fresh instance (every field at its
+// default) holding a spare's vectors, emptied or stale: forward() sizes and
+// fills each of them before reading it.
 class InstancePool {
 public:
     Instance take() {
-        if (spare_.empty()) return Instance{};
-        Instance in = std::move(spare_.back());
-        spare_.pop_back();
-        in.plan = nullptr;
+        Instance in;
+        if (spare_.empty()) return in;
+        Instance& s = spare_.back();
+        in.gid = std::move(s.gid);
+        in.rg = std::move(s.rg);
+        in.saves = std::move(s.saves);
+        in.lora_input = std::move(s.lora_input);
+        in.extra = std::move(s.extra);
         in.extra.clear();
-        in.input = 0;
-        in.checkpoint = 0;
-        in.checkpointed = false;
-        in.group = 0;
-        in.group_pos = 0;
-        in.offloaded = Bytes(0);
-        in.input_rg = false;
+        spare_.pop_back();
         return in;
     }
     void give(Instance&& in) { spare_.push_back(std::move(in)); }
