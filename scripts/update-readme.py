@@ -72,7 +72,10 @@ def main():
                              "(`BM_PlanCli70B64Gpus`, `BM_Plan405B16kGpus`); 10M-event snapshots, pickle and JSON, in under 2 s and 1 GiB "
                              "(`BM_Snapshot10M*`, `max_rss`); simulation cost flat in layers, grad-accum and decode length (`BM_Sim*`). "
                              "Earlier targets: a 70B step simulated under 5 ms (`BM_SimulateStep70B`), 1,000,000 allocator events replayed "
-                             "under 1 s (`BM_Replay1M*`). `BM_PlanSearch` reports exact layout estimates per second on one thread.\n\n" + "\n".join(rows) + "\n")
+                             "under 1 s (`BM_Replay1M*`). `BM_PlanSearch` reports exact layout estimates per second on one thread. "
+                             "The CLI ratios move by up to 20% from one build to the next with how the binary's file sits in the "
+                             "page cache (same bytes, same page faults): compare two builds side by side (`farm-bench --vs`), "
+                             "not across tables.\n\n" + "\n".join(rows) + "\n")
     open(path, "w").write(text)
 
 
