@@ -205,10 +205,11 @@ struct Instance {
 
 // Instances whose backward (or inference forward) is done, kept for the next
 // forward: their per-tensor and per-op vectors keep their storage (an
-// instance's dozens of small vectors were most of an 8B simulation's heap
-// allocations). take() hands back a fresh instance (every field at its
-// default) holding a spare's vectors, emptied or stale: forward() sizes and
-// fills each of them before reading it.
+// instance's small vectors were 2,300 of an 8B simulation's 7,343 heap
+// allocations; the first step's, made while all its layers are in flight,
+// remain). take() hands back a fresh instance (every field at its default)
+// holding a spare's vectors, emptied or stale: forward() sizes and fills
+// each of them before reading it.
 class InstancePool {
 public:
     Instance take() {
