@@ -362,6 +362,7 @@ struct InstanceResult {
     Bytes working_set;
     Bytes input_bytes;
     Bytes output_bytes;
+    std::optional<Bytes> head_output;  // the output layer's logits (the last output-head op's output), if the block has one
     bool saves_input = false;
     bool saves_output = false;
     bool output_rg = false;
@@ -621,6 +622,8 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         r.output_bytes = bytes[out];
         r.output_rg = rg[out] != 0;
     }
+    for (const Op& op : blk.ops)
+        if (is_output_head(op)) r.head_output = bytes[static_cast<std::size_t>(op.outputs.front())];
     return r;
 }
 
@@ -765,13 +768,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         ba.largest_tensor = max(first.largest, rest.largest);
         ba.working_set = rest.working_set;
         res.largest_tensor = max(res.largest_tensor, ba.largest_tensor);
-        for (const Op& op : blk.ops)
-            if (is_output_head(op)) {
-                const TensorInfo& lt = blk.tensors[static_cast<std::size_t>(op.outputs.front())];
-                static thread_local std::vector<char> split;  // (its storage reused: saved_activations does not nest)
-                tp_split_flags(blk, split);
-                res.logits = activation_bytes(lt, resolve_role(lt.role, ctx), split[static_cast<std::size_t>(op.outputs.front())] != 0, ctx);
-            }
+        if (rest.head_output) res.logits = *rest.head_output;  // (sized by the block walk, split as the tensor is)
         rg = rest.output_rg;
         prev_output = rest.output_bytes;
         res.blocks.push_back(std::move(ba));
