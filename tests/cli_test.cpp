@@ -15,14 +15,7 @@ using gpumem::test::run_cli;
 
 namespace {
 
-std::string temp_file(const std::string& name, const std::string& content) {
-    const auto dir = std::filesystem::path(::testing::TempDir()) / ("gpumem_cli_test_" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    const auto p = dir / name;
-    std::ofstream f(p, std::ios::binary);
-    f << content;
-    return p.string();
-}
+std::string temp_file(const std::string& name, const std::string& content) { return gpumem::test::process_scratch().write(name, content); }
 
 // A safetensors file: 8-byte little-endian header length, JSON header, data.
 std::string safetensors(const std::string& header, std::uint64_t declared_len, std::size_t data_bytes) {
@@ -92,8 +85,8 @@ TEST(CliBadInput, MissingOrWrongField) {
 }
 
 TEST(CliBadInput, SafetensorsHeaders) {
-    const auto dir = std::filesystem::path(::testing::TempDir()) / ("gpumem_st_bad_" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
+    const gpumem::test::ScratchDir scratch("st_bad");
+    const auto& dir = scratch.path();
     const std::string config = R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100})";
     std::ofstream(dir / "config.json") << config;

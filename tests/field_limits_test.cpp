@@ -41,13 +41,7 @@ bool whole(const Field& f) { return f.type == FieldType::Int || f.type == FieldT
 // The value v in the shape the field takes (a list field: a one-entry list).
 json shaped(const Field& f, const json& v) { return f.type == FieldType::IntList ? json::array({v}) : v; }
 
-std::string temp_file(const std::string& name, const std::string& content) {
-    const auto dir = std::filesystem::path(::testing::TempDir()) / ("gpumem_limits_test_" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    const auto p = dir / name;
-    std::ofstream(p, std::ios::binary) << content;
-    return p.string();
-}
+std::string temp_file(const std::string& name, const std::string& content) { return gpumem::test::process_scratch().write(name, content); }
 
 
 }  // namespace

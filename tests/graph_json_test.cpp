@@ -22,25 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path& temp_dir() {
-    static const fs::path dir = fs::temp_directory_path() / ("gpumem_graph_json_" + std::to_string(::getpid()));
-    // Removed when the test program ends.
-    static const struct Cleanup {
-        ~Cleanup() {
-            std::error_code ec;
-            fs::remove_all(dir, ec);
-        }
-    } cleanup;
-    (void)cleanup;
-    return dir;
-}
-
 std::string write_temp(const json& doc, const std::string& name) {
-    const fs::path& dir = temp_dir();
-    fs::create_directories(dir);
-    const fs::path p = dir / name;
-    std::ofstream(p) << doc.dump();
-    return p.string();
+    return gpumem::test::process_scratch().write(name, doc.dump());
 }
 
 }  // namespace

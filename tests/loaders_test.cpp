@@ -40,29 +40,14 @@ json read_json(const std::string& path) {
     return json::parse(in);
 }
 
-// A fresh temporary folder per test, removed at the end.
-class TempDir {
+// A fresh temporary folder, removed at the end of its scope (numbered: a
+// test may hold two).
+class TempDir : public gpumem::test::ScratchDir {
 public:
-    TempDir() {
-        const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-        path_ = fs::temp_directory_path() /
-                ("gpumem_loaders_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    [[nodiscard]] std::string file(const std::string& name) const { return (path_ / name).string(); }
-    [[nodiscard]] std::string str() const { return path_.string(); }
-    void write(const std::string& name, const std::string& text) const {
-        std::ofstream out(path_ / name, std::ios::binary);
-        out << text;
-    }
+    TempDir() : ScratchDir("loaders_" + std::to_string(++made_)) {}
 
 private:
-    fs::path path_;
+    static inline int made_ = 0;
 };
 
 // ---- safetensors writer -----------------------------------------------------

@@ -51,7 +51,8 @@ TEST(Plan, EstimateTokensJson) {
 }
 
 TEST(Plan, SweepCliWritesPlot) {
-    const std::string svg = std::string(::testing::TempDir()) + "gpumem_sweep_" + std::to_string(getpid()) + ".svg";
+    const test::ScratchDir scratch("sweep");
+    const std::string svg = scratch.file("sweep.svg");
     const auto r = test::run_cli("sweep gpt2 --batches 1,2,4 --seqs 512 --analytic --format json --plot " + svg);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -31,6 +32,42 @@ inline std::string slurp(const std::string& path) {
 inline nlohmann::json read_json(const std::string& rel) {
     std::ifstream f(source_path(rel));
     return nlohmann::json::parse(f);
+}
+
+// A temporary folder removed when the object goes (tests must not leave
+// files behind: CI machines run the suite again and again). ScratchDir(tag)
+// names it gpumem_<tag>_<pid>; process_scratch() is one per test program,
+// removed at exit.
+class ScratchDir {
+public:
+    explicit ScratchDir(const std::string& tag)
+        : path_(std::filesystem::path(::testing::TempDir()) / ("gpumem_" + tag + "_" + std::to_string(::getpid()))) {
+        std::error_code ec;
+        std::filesystem::remove_all(path_, ec);
+        std::filesystem::create_directories(path_);
+    }
+    ~ScratchDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path_, ec);
+    }
+    ScratchDir(const ScratchDir&) = delete;
+    ScratchDir& operator=(const ScratchDir&) = delete;
+    [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+    [[nodiscard]] std::string str() const { return path_.string(); }
+    [[nodiscard]] std::string file(const std::string& name) const { return (path_ / name).string(); }
+    // Writes `content` (bytes as given) to `name` in the folder; returns its path.
+    std::string write(const std::string& name, const std::string& content) const {
+        std::ofstream(path_ / name, std::ios::binary) << content;
+        return file(name);
+    }
+
+private:
+    std::filesystem::path path_;
+};
+
+inline const ScratchDir& process_scratch() {
+    static const ScratchDir dir("test");
+    return dir;
 }
 
 struct CliResult {
