@@ -268,12 +268,15 @@ std::vector<std::vector<std::int32_t>> assign_virtual_stages(const ModelGraph& g
     std::vector<std::vector<std::int32_t>> out(g.blocks.size());
     std::int64_t layer = 0;
     std::int32_t current = 0;
+    // The first virtual stage whose cumulative count exceeds `layer`: as
+    // layers only grow, it only moves forward (searched afresh from stage 0,
+    // it was a twelfth of a 405B plan's analytic search).
+    std::int32_t v = 0;
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
         const Block& b = g.blocks[bi];
         out[bi].reserve(static_cast<std::size_t>(std::max<std::int64_t>(b.repeat, 0)));  // (grown by doubling: 8 allocations for 80 layers)
         for (std::int64_t r = 0; r < b.repeat; ++r) {
             if (b.checkpointable) {
-                std::int32_t v = 0;
                 while (static_cast<std::size_t>(v) < cum.size() && cum[static_cast<std::size_t>(v)] <= layer) ++v;
                 current = std::min(v, last);
                 ++layer;

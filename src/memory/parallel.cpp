@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "gpumem/memory/activations.hpp"
 #include "gpumem/memory/blocks.hpp"
@@ -101,10 +102,24 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         std::vector<int> seq_kind;
         std::vector<PipelineRun> schedule_runs;
     };
+    // What the model-states section below computes for a rank, kept for
+    // the ranks that hold the same block instances (and are or are not the
+    // last rank, like it): its tensors are at stage_tensors[stage].
+    struct RankStates {
+        Bytes W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head;
+        std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
+    };
+    struct RankMemo {
+        std::vector<std::int64_t> inst;
+        bool last = false;
+        std::size_t stage = 0;
+        RankStates states;
+    };
     struct Scratch {
         std::vector<std::int64_t> rank_of, chunk_of;
         std::vector<std::vector<Instance>> on_stage, on_rank;
         RankScratch rank;
+        std::vector<RankMemo> rank_memo;  // the first rank_memo_used entries are this call's
     };
     static thread_local Scratch scratch;
     // (Plain references: clang before 16 cannot capture structured bindings in the lambdas below.)
@@ -112,6 +127,10 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     auto& chunk_of = scratch.chunk_of;
     auto& on_stage = scratch.on_stage;
     auto& on_rank = scratch.on_rank;
+    auto& rank_memo = scratch.rank_memo;
+    std::size_t rank_memo_used = 0;
+    // The rank of the last virtual stage (rank_tensors' last_rank).
+    const std::int64_t last_rank = (std::max<std::int64_t>(1, lay.virtual_stages()) - 1) % p;
     rank_of.assign(static_cast<std::size_t>(stages_named), 0);
     chunk_of.assign(rank_of.size(), 0);
     for (std::int64_t v = 0; v < stages_named; ++v) {
@@ -254,7 +273,20 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         // Each block's instances on this rank (all its model chunks), counted once.
         rank_inst.assign(g.blocks.size(), 0);
         for (const Instance& in : mine) ++rank_inst[static_cast<std::size_t>(in.block)];
-        stage_tensors.push_back(rank_tensors(g, job, rank_inst, r));
+        // Ranks that hold the same block instances hold the same tensors and
+        // states (rank_tensors depends on the rank only through whether it is
+        // the last one, which may hold a tied output layer's copy): the ranks
+        // between the first and the last of a pipeline are computed once.
+        const bool is_last = r == last_rank;
+        const RankMemo* seen = nullptr;
+        for (std::size_t k = 0; k < rank_memo_used && !seen; ++k)
+            if (rank_memo[k].last == is_last && rank_memo[k].inst == rank_inst) seen = &rank_memo[k];
+        if (seen) {
+            std::vector<RankTensor> same = stage_tensors[seen->stage];
+            stage_tensors.push_back(std::move(same));
+        } else {
+            stage_tensors.push_back(rank_tensors(g, job, rank_inst, r));
+        }
         const std::vector<RankTensor>& tensors = stage_tensors.back();
         // ---- model states ----------------------------------------------------------
         // Rounding: the allocator blocks of these persistent tensors exceed their
@@ -269,36 +301,62 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             return inbwd_tmp;
         };
         std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
+        Bytes F8;
         auto rounding = [](Bytes each, std::int64_t n) { return (allocator_block(each) - each) * n; };
-        for (const auto& rt : tensors) {
-            W += rt.stored * rt.copies;
-            round_states += rounding(rt.stored, rt.copies);
-            if (!rt.adapter) params = checked_add(params, checked_mul(rt.elems, rt.copies));
-            if (job.train && rt.flat_grad > Bytes(0)) G += (shard_grads ? rt.flat_grad.ceil_div(rt.shard) : rt.flat_grad) * rt.copies;
-            if (!rt.trainable || !job.train) continue;
-            const std::int64_t ge = rt.sharded_elems(shard_grads), oe = rt.sharded_elems(shard_opt);
-            G += dtype_bytes(job.tdt, ge) * rt.copies;
-            if (!shard_grads) round_grads += rounding(dtype_bytes(job.tdt, ge), rt.copies);
-            if (offload_opt) continue;
-            if (job.master > Bytes(0)) {
-                M += dtype_bytes(DType::F32, oe) * rt.copies;
-                round_states += rounding(dtype_bytes(DType::F32, oe), rt.copies);
+        if (seen) {
+            const RankStates& st = seen->states;
+            std::tie(W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head) =
+                std::tie(st.W, st.G, st.M, st.O, st.P, st.F8, st.round_states, st.round_grads, st.inbwd_first, st.inbwd_tmp, st.inbwd_head);
+            std::tie(opt_elems, largest_opt, params) = std::tie(st.opt_elems, st.largest_opt, st.params);
+        } else {
+            for (const auto& rt : tensors) {
+                W += rt.stored * rt.copies;
+                round_states += rounding(rt.stored, rt.copies);
+                if (!rt.adapter) params = checked_add(params, checked_mul(rt.elems, rt.copies));
+                if (job.train && rt.flat_grad > Bytes(0)) G += (shard_grads ? rt.flat_grad.ceil_div(rt.shard) : rt.flat_grad) * rt.copies;
+                if (!rt.trainable || !job.train) continue;
+                const std::int64_t ge = rt.sharded_elems(shard_grads), oe = rt.sharded_elems(shard_opt);
+                G += dtype_bytes(job.tdt, ge) * rt.copies;
+                if (!shard_grads) round_grads += rounding(dtype_bytes(job.tdt, ge), rt.copies);
+                if (offload_opt) continue;
+                if (job.master > Bytes(0)) {
+                    M += dtype_bytes(DType::F32, oe) * rt.copies;
+                    round_states += rounding(dtype_bytes(DType::F32, oe), rt.copies);
+                }
+                TrainTensor tt = state_tensor(g, rt, shard_opt, t);
+                // Paged optimizers: the managed-memory part is outside the allocator.
+                const Bytes paged = paged_state_bytes(job.req.optimizer, tt);
+                O += optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged;
+                P += paged;
+                tt.count = 1;  // one copy of the tensor from here on
+                round_states += rounding(optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged_state_bytes(job.req.optimizer, tt), rt.copies);
+                // One tensor's gradient and update in flight (unsharded gradients:
+                // its own; sharded: per layer below).
+                if (inbwd && !shard_grads) {
+                    Bytes& slot = inbwd_slot(rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
+                    slot = max(slot, in_backward_step(job, tt, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
+                }
+                opt_elems = checked_add(opt_elems, checked_mul(oe, rt.copies));
+                largest_opt = std::max(largest_opt, oe);
             }
-            TrainTensor tt = state_tensor(g, rt, shard_opt, t);
-            // Paged optimizers: the managed-memory part is outside the allocator.
-            const Bytes paged = paged_state_bytes(job.req.optimizer, tt);
-            O += optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged;
-            P += paged;
-            tt.count = 1;  // one copy of the tensor from here on
-            round_states += rounding(optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged_state_bytes(job.req.optimizer, tt), rt.copies);
-            // One tensor's gradient and update in flight (unsharded gradients:
-            // its own; sharded: per layer below).
-            if (inbwd && !shard_grads) {
-                Bytes& slot = inbwd_slot(rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
-                slot = max(slot, in_backward_step(job, tt, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
+            // Transformer Engine's FP8 weight workspaces and delayed-scaling state
+            // (memory/fp8.hpp): made by each linear's first forward and kept across
+            // micro-batches and steps, like a model state.
+            for (const auto& rt : tensors) {
+                if (rt.block < 0 || rt.param < 0 || rt.adapter || rt.tied_copy) continue;
+                const Fp8WeightAllocs fa = fp8_weight_allocs(job, g.blocks[static_cast<std::size_t>(rt.block)].params[static_cast<std::size_t>(rt.param)], rt.shape);
+                for (const auto* part : {&fa.copies, &fa.state})
+                    for (const Bytes& a : *part) {
+                        F8 += a * rt.copies;
+                        round_states += rounding(a, rt.copies);
+                    }
             }
-            opt_elems = checked_add(opt_elems, checked_mul(oe, rt.copies));
-            largest_opt = std::max(largest_opt, oe);
+            if (rank_memo_used == rank_memo.size()) rank_memo.emplace_back();
+            RankMemo& mm = rank_memo[rank_memo_used++];
+            mm.inst.assign(rank_inst.begin(), rank_inst.end());
+            mm.last = is_last;
+            mm.stage = stage_tensors.size() - 1;
+            mm.states = RankStates{W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head, opt_elems, largest_opt, params};
         }
         sm.params = params;
         sm.weights = W;
@@ -307,19 +365,6 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         sm.paged_optimizer_states = P;
         if (inbwd) round_grads = Bytes(0);  // no gradient persists
         sm.master_weights = M;
-        // Transformer Engine's FP8 weight workspaces and delayed-scaling state
-        // (memory/fp8.hpp): made by each linear's first forward and kept across
-        // micro-batches and steps, like a model state.
-        Bytes F8;
-        for (const auto& rt : tensors) {
-            if (rt.block < 0 || rt.param < 0 || rt.adapter || rt.tied_copy) continue;
-            const Fp8WeightAllocs fa = fp8_weight_allocs(job, g.blocks[static_cast<std::size_t>(rt.block)].params[static_cast<std::size_t>(rt.param)], rt.shape);
-            for (const auto* part : {&fa.copies, &fa.state})
-                for (const Bytes& a : *part) {
-                    F8 += a * rt.copies;
-                    round_states += rounding(a, rt.copies);
-                }
-        }
         sm.fp8_weights = F8;
 
         // ---- contents and activations per chunk --------------------------------------
