@@ -193,22 +193,22 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
             out.breakdown.push_back({"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights, gradients and states beyond their bytes"});
         } else if (train) {
             const ParallelConfig& c = job.layout.cfg;
-            out.breakdown = {
-                {"weights", "weights", m.weights, where + (c.offload_params != Offload::None ? ", offloaded" : "")},
-                {"gradients", "gradients", grads_live,
+            // Rows moved in, not copied out of an initializer list (its strings
+            // were a dozen heap allocations per estimate of a planner's search).
+            out.breakdown.push_back({"weights", "weights", m.weights, where + (c.offload_params != Offload::None ? ", offloaded" : "")});
+            out.breakdown.push_back({"gradients", "gradients", grads_live,
                  (job.layout.shard > 1 && (c.zero >= 2 || c.fsdp != Fsdp::None) ? "sharded over " + std::to_string(job.layout.shard) + " ranks" : "full copy per rank") +
-                     std::string(opt_phase ? "" : (m.gradients_kept ? ", kept across micro-batches" : ", none yet at this phase"))},
-                {"optimizer_states", "optimizer states (incl. master weights)", m.optimizer_states,
+                     std::string(opt_phase ? "" : (m.gradients_kept ? ", kept across micro-batches" : ", none yet at this phase"))});
+            out.breakdown.push_back({"optimizer_states", "optimizer states (incl. master weights)", m.optimizer_states,
                  c.offload_optimizer != Offload::None ? "offloaded"
-                                                      : "sharded over " + std::to_string(c.zero >= 1 || c.fsdp != Fsdp::None || c.distributed_optimizer ? job.layout.shard : 1) + " ranks"},
-                {"activations", "activations (micro-batches in flight)", act_live,
+                                                      : "sharded over " + std::to_string(c.zero >= 1 || c.fsdp != Fsdp::None || c.distributed_optimizer ? job.layout.shard : 1) + " ranks"});
+            out.breakdown.push_back({"activations", "activations (micro-batches in flight)", act_live,
                  opt_phase ? "freed before the optimizer step"
-                           : std::to_string(m.in_flight) + (job.layout.vpp > 1 ? " model chunk(s)" : " micro-batch(es)") + " in flight"},
-                {"gathered_params", "gathered parameters (ZeRO-3 / FSDP)", opt_phase ? Bytes(0) : m.gathered_params, "unsharded layers in flight"},
-                {"comm_buffers", "communication buffers", m.comm_buffers, "DDP/ZeRO gradient buckets"},
-                {"transient", "temporaries", m.transient, "phase: " + m.peak_phase},
-                {"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights, gradients and states beyond their bytes"},
-            };
+                           : std::to_string(m.in_flight) + (job.layout.vpp > 1 ? " model chunk(s)" : " micro-batch(es)") + " in flight"});
+            out.breakdown.push_back({"gathered_params", "gathered parameters (ZeRO-3 / FSDP)", opt_phase ? Bytes(0) : m.gathered_params, "unsharded layers in flight"});
+            out.breakdown.push_back({"comm_buffers", "communication buffers", m.comm_buffers, "DDP/ZeRO gradient buckets"});
+            out.breakdown.push_back({"transient", "temporaries", m.transient, "phase: " + m.peak_phase});
+            out.breakdown.push_back({"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights, gradients and states beyond their bytes"});
             if (m.fp8_weights > Bytes(0)) out.breakdown.insert(out.breakdown.begin() + 3, fp8_weights_row(job, m));
         } else {
             out.breakdown.push_back({"weights", "weights", m.weights,

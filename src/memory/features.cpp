@@ -202,7 +202,7 @@ void finish_outside_allocator(EstimateResult& r, const ModelGraph& g, const Para
                                 "the verdict is conservative");
     }
     // The load phase: its peak against the step's.
-    const LoadPhase lp = load_phase(g, job, m.stage, par.instance_stage, par.stage_tensors.at(static_cast<std::size_t>(m.stage)));
+    const LoadPhase lp = load_phase(g, job, m.stage, par.instance_stage, *par.stage_tensors.at(static_cast<std::size_t>(m.stage)));
     pg.load_peak = lp.allocated;
     const Bytes load_total = lp.allocated + pg.cuda_context + par.nccl_outside;
     if (load_total > pg.total_device) {

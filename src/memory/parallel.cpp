@@ -19,6 +19,7 @@
 #include "gpumem/memory/parallel.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -36,6 +37,72 @@ namespace gpumem {
 namespace {
 
 Bytes scale_bytes(Bytes b, double f) { return Bytes(static_cast<std::int64_t>(std::llround(static_cast<double>(b.count()) * f))); }
+
+// The model states of one rank from its tensors (the sums parallel_memory's
+// rank loop reads): weights, gradients, fp32 master weights, optimizer states
+// (paged ones apart), Transformer Engine's FP8 weight copies, the allocator
+// rounding of these persistent blocks, and the optimizer-in-backward's step
+// in flight at the embedding, the layers and the output layer.
+struct RankStates {
+    Bytes W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head;
+    std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
+};
+
+RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<RankTensor>& tensors, bool shard_grads, bool shard_opt, bool offload_opt,
+                       bool inbwd, std::int64_t t) {
+    RankStates st;
+    auto& [W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head, opt_elems, largest_opt, params] = st;
+    const bool td = g.transformer.has_value();
+    auto inbwd_slot = [&](std::int32_t block) -> Bytes& {
+        if (block == 0) return inbwd_first;
+        if (td && block >= 0 && static_cast<std::size_t>(block) + 1 == g.blocks.size()) return inbwd_head;
+        return inbwd_tmp;
+    };
+    auto rounding = [](Bytes each, std::int64_t n) { return (allocator_block(each) - each) * n; };
+    for (const auto& rt : tensors) {
+        W += rt.stored * rt.copies;
+        round_states += rounding(rt.stored, rt.copies);
+        if (!rt.adapter) params = checked_add(params, checked_mul(rt.elems, rt.copies));
+        if (job.train && rt.flat_grad > Bytes(0)) G += (shard_grads ? rt.flat_grad.ceil_div(rt.shard) : rt.flat_grad) * rt.copies;
+        if (!rt.trainable || !job.train) continue;
+        const std::int64_t ge = rt.sharded_elems(shard_grads), oe = rt.sharded_elems(shard_opt);
+        G += dtype_bytes(job.tdt, ge) * rt.copies;
+        if (!shard_grads) round_grads += rounding(dtype_bytes(job.tdt, ge), rt.copies);
+        if (offload_opt) continue;
+        if (job.master > Bytes(0)) {
+            M += dtype_bytes(DType::F32, oe) * rt.copies;
+            round_states += rounding(dtype_bytes(DType::F32, oe), rt.copies);
+        }
+        TrainTensor tt = state_tensor(g, rt, shard_opt, t);
+        // Paged optimizers: the managed-memory part is outside the allocator.
+        const Bytes paged = paged_state_bytes(job.req.optimizer, tt);
+        O += optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged;
+        P += paged;
+        tt.count = 1;  // one copy of the tensor from here on
+        round_states += rounding(optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged_state_bytes(job.req.optimizer, tt), rt.copies);
+        // One tensor's gradient and update in flight (unsharded gradients:
+        // its own; sharded: per layer below).
+        if (inbwd && !shard_grads) {
+            Bytes& slot = inbwd_slot(rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
+            slot = max(slot, in_backward_step(job, tt, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
+        }
+        opt_elems = checked_add(opt_elems, checked_mul(oe, rt.copies));
+        largest_opt = std::max(largest_opt, oe);
+    }
+    // Transformer Engine's FP8 weight workspaces and delayed-scaling state
+    // (memory/fp8.hpp): made by each linear's first forward and kept across
+    // micro-batches and steps, like a model state.
+    for (const auto& rt : tensors) {
+        if (rt.block < 0 || rt.param < 0 || rt.adapter || rt.tied_copy) continue;
+        const Fp8WeightAllocs fa = fp8_weight_allocs(job, g.blocks[static_cast<std::size_t>(rt.block)].params[static_cast<std::size_t>(rt.param)], rt.shape);
+        for (const auto* part : {&fa.copies, &fa.state})
+            for (const Bytes& a : *part) {
+                F8 += a * rt.copies;
+                round_states += rounding(a, rt.copies);
+            }
+    }
+    return st;
+}
 
 
 
@@ -102,13 +169,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         std::vector<int> seq_kind;
         std::vector<PipelineRun> schedule_runs;
     };
-    // What the model-states section below computes for a rank, kept for
-    // the ranks that hold the same block instances (and are or are not the
-    // last rank, like it): its tensors are at stage_tensors[stage].
-    struct RankStates {
-        Bytes W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head;
-        std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
-    };
+    // What rank_states computes for a rank, kept for the ranks that hold the
+    // same block instances (and are or are not the last rank, like it): its
+    // tensors are at stage_tensors[stage].
     struct RankMemo {
         std::vector<std::int64_t> inst;
         bool last = false;
@@ -143,10 +206,13 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     // rank (its block, virtual stage, and the checkpointable instances before
     // it): each rank below reads its own instances rather than scanning all
     // of them (O(L) per estimate, not O(pp vpp L): a 405B plan's layouts).
-    on_stage.resize(static_cast<std::size_t>(stages_named));
-    on_rank.resize(static_cast<std::size_t>(p));
-    for (auto& l : on_stage) l.clear();
-    for (auto& l : on_rank) l.clear();
+    // Grown, never shrunk (a shrink would free the lists' storage that the
+    // next call with more stages builds again); only the first stages_named
+    // (p) lists are this call's.
+    if (on_stage.size() < static_cast<std::size_t>(stages_named)) on_stage.resize(static_cast<std::size_t>(stages_named));
+    if (on_rank.size() < static_cast<std::size_t>(p)) on_rank.resize(static_cast<std::size_t>(p));
+    for (std::size_t i = 0; i < static_cast<std::size_t>(stages_named); ++i) on_stage[i].clear();
+    for (std::size_t i = 0; i < static_cast<std::size_t>(p); ++i) on_rank[i].clear();
     {
         std::int64_t layer = 0;
         for (std::size_t bi = 0; bi < res.instance_stage.size() && bi < g.blocks.size(); ++bi)
@@ -247,7 +313,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     }
     const Bytes held_logits = job.framework.logits == LogitsLifetime::Kept ? logits_low : Bytes(0);
 
-    std::vector<std::vector<RankTensor>>& stage_tensors = res.stage_tensors;  // per stage, for the offload rows below and the load phase
+    auto& stage_tensors = res.stage_tensors;  // per stage, for the offload rows below and the load phase
     stage_tensors.reserve(static_cast<std::size_t>(p));
     res.stages.reserve(static_cast<std::size_t>(p));
     // A model chunk's saved activations depend only on its block instances
@@ -282,82 +348,39 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         for (std::size_t k = 0; k < rank_memo_used && !seen; ++k)
             if (rank_memo[k].last == is_last && rank_memo[k].inst == rank_inst) seen = &rank_memo[k];
         if (seen) {
-            std::vector<RankTensor> same = stage_tensors[seen->stage];
+            std::shared_ptr<const std::vector<RankTensor>> same = stage_tensors[seen->stage];
             stage_tensors.push_back(std::move(same));
         } else {
-            stage_tensors.push_back(rank_tensors(g, job, rank_inst, r));
+            stage_tensors.push_back(std::make_shared<const std::vector<RankTensor>>(rank_tensors(g, job, rank_inst, r)));
         }
-        const std::vector<RankTensor>& tensors = stage_tensors.back();
-        // ---- model states ----------------------------------------------------------
+        const std::vector<RankTensor>& tensors = *stage_tensors.back();
+        // ---- model states (rank_states) ------------------------------------------------
         // Rounding: the allocator blocks of these persistent tensors exceed their
         // bytes (memory/blocks.hpp); kept apart so that the states stay exact.
-        Bytes W, G, M, O, P, round_states, round_grads;  // P: paged optimizer states (outside the allocator)
-        // Optimizer in backward: the largest tensor's gradient and update in
-        // flight at the embedding (first block), the layers, and the output layer.
-        Bytes inbwd_first, inbwd_tmp, inbwd_head;
-        auto inbwd_slot = [&](std::int32_t block) -> Bytes& {
-            if (block == 0) return inbwd_first;
-            if (td && block >= 0 && static_cast<std::size_t>(block) + 1 == g.blocks.size()) return inbwd_head;
-            return inbwd_tmp;
-        };
-        std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
-        Bytes F8;
-        auto rounding = [](Bytes each, std::int64_t n) { return (allocator_block(each) - each) * n; };
+        // P: paged optimizer states (outside the allocator). Optimizer in
+        // backward: the largest tensor's gradient and update in flight at the
+        // embedding (first block), the layers, and the output layer.
+        RankStates rs;
         if (seen) {
-            const RankStates& st = seen->states;
-            std::tie(W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head) =
-                std::tie(st.W, st.G, st.M, st.O, st.P, st.F8, st.round_states, st.round_grads, st.inbwd_first, st.inbwd_tmp, st.inbwd_head);
-            std::tie(opt_elems, largest_opt, params) = std::tie(st.opt_elems, st.largest_opt, st.params);
+            rs = seen->states;
         } else {
-            for (const auto& rt : tensors) {
-                W += rt.stored * rt.copies;
-                round_states += rounding(rt.stored, rt.copies);
-                if (!rt.adapter) params = checked_add(params, checked_mul(rt.elems, rt.copies));
-                if (job.train && rt.flat_grad > Bytes(0)) G += (shard_grads ? rt.flat_grad.ceil_div(rt.shard) : rt.flat_grad) * rt.copies;
-                if (!rt.trainable || !job.train) continue;
-                const std::int64_t ge = rt.sharded_elems(shard_grads), oe = rt.sharded_elems(shard_opt);
-                G += dtype_bytes(job.tdt, ge) * rt.copies;
-                if (!shard_grads) round_grads += rounding(dtype_bytes(job.tdt, ge), rt.copies);
-                if (offload_opt) continue;
-                if (job.master > Bytes(0)) {
-                    M += dtype_bytes(DType::F32, oe) * rt.copies;
-                    round_states += rounding(dtype_bytes(DType::F32, oe), rt.copies);
-                }
-                TrainTensor tt = state_tensor(g, rt, shard_opt, t);
-                // Paged optimizers: the managed-memory part is outside the allocator.
-                const Bytes paged = paged_state_bytes(job.req.optimizer, tt);
-                O += optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged;
-                P += paged;
-                tt.count = 1;  // one copy of the tensor from here on
-                round_states += rounding(optimizer_bytes(job.req.optimizer, tt, job.state_dt) - paged_state_bytes(job.req.optimizer, tt), rt.copies);
-                // One tensor's gradient and update in flight (unsharded gradients:
-                // its own; sharded: per layer below).
-                if (inbwd && !shard_grads) {
-                    Bytes& slot = inbwd_slot(rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
-                    slot = max(slot, in_backward_step(job, tt, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
-                }
-                opt_elems = checked_add(opt_elems, checked_mul(oe, rt.copies));
-                largest_opt = std::max(largest_opt, oe);
-            }
-            // Transformer Engine's FP8 weight workspaces and delayed-scaling state
-            // (memory/fp8.hpp): made by each linear's first forward and kept across
-            // micro-batches and steps, like a model state.
-            for (const auto& rt : tensors) {
-                if (rt.block < 0 || rt.param < 0 || rt.adapter || rt.tied_copy) continue;
-                const Fp8WeightAllocs fa = fp8_weight_allocs(job, g.blocks[static_cast<std::size_t>(rt.block)].params[static_cast<std::size_t>(rt.param)], rt.shape);
-                for (const auto* part : {&fa.copies, &fa.state})
-                    for (const Bytes& a : *part) {
-                        F8 += a * rt.copies;
-                        round_states += rounding(a, rt.copies);
-                    }
-            }
+            rs = rank_states(g, job, tensors, shard_grads, shard_opt, offload_opt, inbwd, t);
             if (rank_memo_used == rank_memo.size()) rank_memo.emplace_back();
             RankMemo& mm = rank_memo[rank_memo_used++];
             mm.inst.assign(rank_inst.begin(), rank_inst.end());
             mm.last = is_last;
             mm.stage = stage_tensors.size() - 1;
-            mm.states = RankStates{W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head, opt_elems, largest_opt, params};
+            mm.states = rs;
         }
+        // (Plain references: clang before 16 cannot capture structured bindings in the lambdas below.)
+        const Bytes &W = rs.W, &G = rs.G, &M = rs.M, &O = rs.O, &P = rs.P, &F8 = rs.F8, &round_states = rs.round_states;
+        Bytes &round_grads = rs.round_grads, &inbwd_first = rs.inbwd_first, &inbwd_tmp = rs.inbwd_tmp, &inbwd_head = rs.inbwd_head;
+        const std::int64_t opt_elems = rs.opt_elems, largest_opt = rs.largest_opt, params = rs.params;
+        auto inbwd_slot = [&](std::int32_t block) -> Bytes& {
+            if (block == 0) return inbwd_first;
+            if (td && block >= 0 && static_cast<std::size_t>(block) + 1 == g.blocks.size()) return inbwd_head;
+            return inbwd_tmp;
+        };
         sm.params = params;
         sm.weights = W;
         sm.gradients = G;
@@ -381,12 +404,26 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         bool any_recompute = false;
         Bytes gather_first, gather_first_fwd, gather_near_first, gather_head, gather_head_fwd, grad_first, grad_head, head_saved;
         Bytes held_quant;  // the head chunk's 4-bit inputs a held graph keeps (BlockActivations::quant_held)
-        std::string ranges;  // "0-3, 16-19": the layers of each model chunk
+        // "0-3, 16-19": the layers of each model chunk (its storage reused by
+        // the thread's calls, with no temporary strings: the text of every
+        // rank was a tenth of the heap allocations of a planner's search).
+        static thread_local std::string ranges;
+        ranges.clear();
         {
             std::int64_t run_start = -1, run_end = -1;
+            auto append_int = [&](std::int64_t x) {
+                char buf[24];
+                const auto end = std::to_chars(buf, buf + sizeof buf, x).ptr;
+                ranges.append(buf, end);
+            };
             auto close_run = [&] {
                 if (run_start < 0) return;
-                ranges += (ranges.empty() ? "" : ", ") + std::to_string(run_start) + (run_end > run_start ? "-" + std::to_string(run_end) : "");
+                if (!ranges.empty()) ranges += ", ";
+                append_int(run_start);
+                if (run_end > run_start) {
+                    ranges += '-';
+                    append_int(run_end);
+                }
                 run_start = -1;
             };
             for (const Instance& in : mine) {
@@ -409,9 +446,16 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             close_run();
         }
         sm.layers = layers;
-        sm.contents = std::string(embeddings ? "embeddings + " : "") + (layers > 0 ? "layers " + ranges : "no layers") +
-                      (head ? " + output layer" : "");
-        if (!graph) sm.contents = "all parameters";
+        if (!graph) {
+            sm.contents = "all parameters";
+        } else {
+            // The exact length: a short text stays in the string itself.
+            sm.contents.reserve((embeddings ? 13 : 0) + (layers > 0 ? 7 + ranges.size() : 9) + (head ? 15 : 0));
+            if (embeddings) sm.contents += "embeddings + ";
+            if (layers > 0) (sm.contents += "layers ") += ranges;
+            else sm.contents += "no layers";
+            if (head) sm.contents += " + output layer";
+        }
         if (job.train && graph) {
             for (std::int64_t ch = 0; ch < vpp; ++ch) {
                 const std::int64_t v = ch * p + r;
@@ -933,7 +977,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     // Offload: CPU (or NVMe) per node.
     const std::int64_t ranks = lay.gpus_per_node;
     const StageMemory& ml = res.stages[static_cast<std::size_t>(res.most_loaded)];
-    const std::vector<RankTensor>& ml_tensors = stage_tensors[static_cast<std::size_t>(ml.stage)];
+    const std::vector<RankTensor>& ml_tensors = *stage_tensors[static_cast<std::size_t>(ml.stage)];
     if (job.train && c.offload_optimizer != Offload::None) {
         // fp32 master weights and states, plus the fp32 gradients DeepSpeed keeps on the CPU for the update.
         Bytes states;

@@ -128,10 +128,13 @@ struct Walker {
     ScheduleWalk out;
     Bytes cur, cur_nl, cur_gather, g_present;
     std::int64_t n_in = 0;
-    std::vector<char> done;
+    std::vector<char>& done;
     bool first = true;
 
-    explicit Walker(const ScheduleLoads& loads) : in(loads), done(loads.act.size(), 0) {}
+    // `done`: storage reused by the thread's walks (a planner's search walks
+    // every pipeline rank of every layout it scores; a fresh vector per walk
+    // was a tenth of its heap allocations). Walks do not nest.
+    Walker(const ScheduleLoads& loads, std::vector<char>& done_storage) : in(loads), done(done_storage) { done.assign(loads.act.size(), 0); }
 
     void forward(std::size_t ch) {
         cur += in.act[ch];
@@ -176,7 +179,8 @@ struct Walker {
 }  // namespace
 
 ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineOp>& ops) {
-    Walker w(in);
+    static thread_local std::vector<char> done;
+    Walker w(in, done);
     for (const PipelineOp& op : ops) {
         const auto ch = static_cast<std::size_t>(op.chunk);
         if (op.forward) w.forward(ch);
@@ -186,7 +190,8 @@ ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineOp
 }
 
 ScheduleWalk walk_schedule(const ScheduleLoads& in, const std::vector<PipelineRun>& runs) {
-    Walker w(in);
+    static thread_local std::vector<char> done;
+    Walker w(in, done);
     for (const PipelineRun& run : runs) {
         const auto f = static_cast<std::size_t>(run.fwd), b = static_cast<std::size_t>(run.bwd);
         auto unit = [&] {

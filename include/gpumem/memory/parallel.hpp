@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -263,7 +264,9 @@ struct ParallelResult {
     std::vector<std::vector<std::int32_t>> instance_stage;
     // Each pipeline rank's parameter tensors (rank_tensors), by stage: the
     // load phase of the rank reported reads them instead of building them again.
-    std::vector<std::vector<RankTensor>> stage_tensors;
+    // Ranks that hold the same tensors share one list (the ranks between a
+    // pipeline's first and last).
+    std::vector<std::shared_ptr<const std::vector<RankTensor>>> stage_tensors;
     std::vector<std::string> notes;
 };
 
