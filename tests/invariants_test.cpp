@@ -380,3 +380,29 @@ TEST(GridInvariants, ShardsSumToTheWhole) {
         EXPECT_EQ(sum, g.total_params() + tied) << request_to_command(j.req);
     }
 }
+
+// The planner drops a layout whose model states alone exceed the GPU without
+// estimating it (memory/parallel.hpp model_states_floor): the floor must lie
+// under every estimate's peak, or a layout that fits would be dropped. It is
+// not trivial either: the most loaded rank's weights are part of it.
+TEST(GridInvariants, ModelStatesFloorIsUnderEveryEstimate) {
+    int checked = 0;
+    for (GridKind kind : {GridKind::Single, GridKind::DataParallel, GridKind::Sharded, GridKind::Tensor, GridKind::Pipeline, GridKind::Context,
+                          GridKind::Expert})
+        for (const auto& j : job_grid(kind, 150, 40 + static_cast<std::uint64_t>(kind))) {
+            if (j.req.mode == Mode::Infer) continue;
+            const EstimateResult a = analytic(j.req);
+            ASSERT_TRUE(a.job) << request_to_command(j.req);
+            const Bytes floor = model_states_floor(grid_model(j.req.model), *a.job);
+            EXPECT_LE(floor, a.per_gpu.peak_allocated) << request_to_command(j.req);
+            EXPECT_LE(floor, a.per_gpu.total_device) << request_to_command(j.req);
+            EXPECT_GE(floor, a.per_gpu.weights) << request_to_command(j.req);
+            if (a.parallel) {
+                for (const auto& st : a.parallel->stages) {
+                    EXPECT_GE(floor, st.weights + st.optimizer_states) << "stage " << st.stage << ": " << request_to_command(j.req);
+                }
+            }
+            ++checked;
+        }
+    EXPECT_GE(checked, 700);
+}

@@ -48,6 +48,21 @@ struct RankStates {
     std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
 };
 
+// How the job's layout holds the states: gradients sharded over dp
+// (ZeRO-2/3, FSDP), optimizer states sharded (ZeRO >= 1, FSDP, Megatron's
+// distributed optimizer), optimizer states offloaded, the optimizer stepped
+// in backward (memory/features.hpp). One definition for parallel_memory and
+// model_states_floor.
+struct StateFlags {
+    bool shard_grads, shard_opt, offload_opt, inbwd;
+};
+StateFlags state_flags(const Job& job) {
+    const Layout& lay = job.layout;
+    const ParallelConfig& c = lay.cfg;
+    return {lay.dp > 1 && (c.zero >= 2 || c.fsdp != Fsdp::None), c.zero >= 1 || c.fsdp != Fsdp::None || c.distributed_optimizer,
+            c.offload_optimizer != Offload::None, in_backward_optimizer(job)};
+}
+
 RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<RankTensor>& tensors, bool shard_grads, bool shard_opt, bool offload_opt,
                        bool inbwd, std::int64_t t) {
     RankStates st;
@@ -236,12 +251,10 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     if (job.train && graph && !whole_in) whole_own = saved_activations(g, ctx, nullptr, false, memo);
     const ActivationResult& whole = job.train && graph && whole_in ? *whole_in : whole_own;
     const bool zero3 = c.zero == 3 || c.fsdp != Fsdp::None;          // parameters sharded at rest, gathered per layer
-    const bool shard_grads = lay.dp > 1 && (c.zero >= 2 || c.fsdp != Fsdp::None);
-    const bool shard_opt = c.zero >= 1 || c.fsdp != Fsdp::None || c.distributed_optimizer;
-    const bool offload_opt = c.offload_optimizer != Offload::None;
-    // Optimizer in backward (memory/features.hpp): no gradient outlives its
-    // hook; FSDP no_sync: gradients kept unsharded between micro-batches.
-    const bool inbwd = in_backward_optimizer(job);
+    const StateFlags flags = state_flags(job);  // (plain names: clang before 16 cannot capture structured bindings)
+    const bool shard_grads = flags.shard_grads, shard_opt = flags.shard_opt, offload_opt = flags.offload_opt, inbwd = flags.inbwd;
+    // Optimizer in backward (inbwd, memory/features.hpp): no gradient outlives
+    // its hook; FSDP no_sync: gradients kept unsharded between micro-batches.
     const bool keep_unsharded = shard_grads && c.no_sync && lay.micro_batches > 1;
     // Gradients made op by op (as without sharding) rather than as each
     // layer's unsharded buffer reduce-scattered at its end.
@@ -1034,6 +1047,36 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     if (c.capacity_factor != 1.0)
         res.notes.push_back("routed-expert activations scaled by the capacity factor " + std::to_string(c.capacity_factor));
     return res;
+}
+
+Bytes model_states_floor(const ModelGraph& g_in, const Job& job) {
+    if (!job.train) return Bytes(0);
+    const ModelGraph& g = job_graph(g_in, job);
+    const Layout& lay = job.layout;
+    const std::int64_t p = std::max<std::int64_t>(1, lay.cfg.pp), t = std::max<std::int64_t>(1, lay.cfg.tp);
+    const StateFlags flags = state_flags(job);  // (plain names: clang before 16 cannot capture structured bindings)
+    const bool shard_grads = flags.shard_grads, shard_opt = flags.shard_opt, offload_opt = flags.offload_opt, inbwd = flags.inbwd;
+    // Each rank's block instances, as parallel_memory counts them (rank v % pp
+    // of every virtual stage v an instance runs in).
+    std::vector<std::vector<std::int64_t>> counts(static_cast<std::size_t>(p), std::vector<std::int64_t>(g.blocks.size(), 0));
+    if (g.params_only == 0) {
+        const auto stages = assign_virtual_stages(g, lay);
+        for (std::size_t bi = 0; bi < stages.size() && bi < g.blocks.size(); ++bi)
+            for (auto v : stages[bi]) ++counts[static_cast<std::size_t>(v % p)][bi];
+    }
+    const std::int64_t last_rank = (std::max<std::int64_t>(1, lay.virtual_stages()) - 1) % p;
+    Bytes floor;
+    for (std::int64_t r = 0; r < p; ++r) {
+        // Ranks like an earlier one (same instances, both or neither the last) hold the same states.
+        bool seen = false;
+        for (std::int64_t q = 0; q < r && !seen; ++q)
+            seen = (q == last_rank) == (r == last_rank) && counts[static_cast<std::size_t>(q)] == counts[static_cast<std::size_t>(r)];
+        if (seen) continue;
+        const std::vector<RankTensor> tensors = rank_tensors(g, job, counts[static_cast<std::size_t>(r)], r);
+        const RankStates st = rank_states(g, job, tensors, shard_grads, shard_opt, offload_opt, inbwd, t);
+        floor = max(floor, st.W + st.M + st.O + st.F8 + st.round_states);
+    }
+    return floor;
 }
 
 }  // namespace gpumem

@@ -21,6 +21,7 @@
 #include "gpumem/core/budget.hpp"
 #include "gpumem/core/parallel.hpp"
 #include "gpumem/memory/job.hpp"
+#include "gpumem/memory/parallel.hpp"
 #include "gpumem/model/load.hpp"
 #include "gpumem/sim/simulate.hpp"
 #include "gpumem/sim/step.hpp"
@@ -65,6 +66,7 @@ struct Found {
     TimeBreakdown parts;
     PerGpu per_gpu;
     std::int64_t evaluated = 0, estimates = 0, fitting = 0;
+    bool ruled_out = false;  // by its model states alone, before any estimate
 };
 
 template <class T>
@@ -383,6 +385,15 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         }
         if (mbs.empty()) return out;
         out.evaluated = static_cast<std::int64_t>(mbs.size());
+        // Model states alone above the GPU: no micro-batch fits (they do not
+        // depend on it), and no estimate is needed to say so: a floor under
+        // every estimate (memory/parallel.hpp model_states_floor). Two thirds
+        // of the families of `plan llama-3.1-405b --gpus 16384` end here.
+        if (auto job = estimate_job(g, nullptr, to_request(base, f, mbs[0], per_dp / mbs[0]));
+            job && static_cast<double>(model_states_floor(g, *job.value()).count()) > capacity) {
+            out.ruled_out = true;
+            return out;
+        }
         std::vector<std::optional<EstimateResult>> mem(mbs.size());
         auto fits = [&](std::size_t i) -> bool {
             if (!mem[i]) {
@@ -449,7 +460,9 @@ Result<PlanResult> plan(const PlanRequest& pr) {
         offloaded = true;
     }
     std::vector<const Found*> ok;
+    std::int64_t ruled_out = 0;
     for (const auto& f : found) {
+        ruled_out += f.ruled_out ? 1 : 0;
         out.evaluated += f.evaluated;
         out.estimates += f.estimates;
         out.fitting += f.fitting;
@@ -630,7 +643,8 @@ Result<PlanResult> plan(const PlanRequest& pr) {
     out.assumptions.push_back(pr.tp.empty() ? "tensor parallelism inside a node (tp <= " + std::to_string(per_node) + "; --only-tp to go beyond)"
                                             : "tensor parallelism as given by --only-tp");
     out.assumptions.push_back("scored with the analytic estimate and the time model of `gpumem estimate --analytic` (" + std::to_string(out.estimates) +
-                              " estimates for " + std::to_string(out.evaluated) + " configurations: memory grows with the micro-batch, so each family is bisected); " +
+                              " estimates for " + std::to_string(out.evaluated) + " configurations: memory grows with the micro-batch, so each family is bisected" +
+                              (ruled_out > 0 ? "; " + std::to_string(ruled_out) + " families ruled out by their model states alone, before any estimate" : std::string()) + "); " +
                               (pr.confirm > 0 ? "the top " + std::to_string(pr.confirm) + " re-checked by the step simulation"
                                               : std::string("none re-checked by the step simulation (analytic peaks only)")) +
                               (dropped > 0 ? " (" + std::to_string(dropped) + " dropped: the simulation did not fit them)" : ""));

@@ -328,4 +328,15 @@ struct ActivationResult;  // memory/activations.hpp
 class ActivationMemo;
 ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const ActivationResult* whole, ActivationMemo* memo = nullptr);
 
+// A floor under every analytic estimate of a training job: the model states
+// the most loaded rank holds through the whole step (weights, fp32 master
+// weights, the optimizer states in the allocator, Transformer Engine's FP8
+// weight copies, and the allocator rounding of these blocks: parallel_memory's
+// `states` less the communication buffers). Every moment of the step holds
+// them, so no rank's peak, and no estimate's device total, is below this;
+// none of it depends on the micro-batch. The planner drops a layout whose
+// floor exceeds the GPU without estimating it (plan/planner.hpp). 0 for
+// inference.
+Bytes model_states_floor(const ModelGraph& g, const Job& job);
+
 }  // namespace gpumem

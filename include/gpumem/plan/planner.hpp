@@ -14,8 +14,11 @@
 // Every candidate is scored with the same analytic estimate and time model
 // that `gpumem estimate --analytic` prints (there is no separate reduced
 // model to disagree with them); memory is monotone in the micro-batch, so each
-// family of candidates is bisected rather than evaluated point by point. The
-// fastest are confirmed by the step simulation, which must agree.
+// family of candidates is bisected rather than evaluated point by point, and
+// a family whose model states alone exceed the GPU is dropped before any
+// estimate (memory/parallel.hpp model_states_floor, a floor under every
+// estimate of the job). The fastest are confirmed by the step simulation,
+// which must agree.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +46,7 @@ struct PlanCandidate {
 
 struct PlanResult {
     std::int64_t evaluated = 0;       // candidate configurations decided (exactly, or by monotonicity in the micro-batch)
-    std::int64_t estimates = 0;       // analytic estimates run
+    std::int64_t estimates = 0;       // analytic estimates run (none for the families the model-states floor rules out)
     std::int64_t fitting = 0;         // configurations that fit
     double seconds = 0;               // search wall time
     std::int64_t gpus_per_node = 0;
