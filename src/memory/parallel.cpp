@@ -119,8 +119,6 @@ RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<Ra
     return st;
 }
 
-
-
 }  // namespace
 
 InferencePieces inference_pieces(const ModelGraph& g, const Job& job) {
@@ -207,6 +205,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     auto& on_rank = scratch.on_rank;
     auto& rank_memo = scratch.rank_memo;
     std::size_t rank_memo_used = 0;
+    constexpr std::size_t kRankMemo = 8;
     // The rank of the last virtual stage (rank_tensors' last_rank).
     const std::int64_t last_rank = (std::max<std::int64_t>(1, lay.virtual_stages()) - 1) % p;
     rank_of.assign(static_cast<std::size_t>(stages_named), 0);
@@ -355,7 +354,10 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         // Ranks that hold the same block instances hold the same tensors and
         // states (rank_tensors depends on the rank only through whether it is
         // the last one, which may hold a tied output layer's copy): the ranks
-        // between the first and the last of a pipeline are computed once.
+        // between the first and the last of a pipeline are computed once. At
+        // most kRankMemo kinds of rank are kept (an even split has three;
+        // uneven --pp-layers may make every rank different), so the lookups
+        // stay O(pp).
         const bool is_last = r == last_rank;
         const RankMemo* seen = nullptr;
         for (std::size_t k = 0; k < rank_memo_used && !seen; ++k)
@@ -378,12 +380,14 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             rs = seen->states;
         } else {
             rs = rank_states(g, job, tensors, shard_grads, shard_opt, offload_opt, inbwd, t);
-            if (rank_memo_used == rank_memo.size()) rank_memo.emplace_back();
-            RankMemo& mm = rank_memo[rank_memo_used++];
-            mm.inst.assign(rank_inst.begin(), rank_inst.end());
-            mm.last = is_last;
-            mm.stage = stage_tensors.size() - 1;
-            mm.states = rs;
+            if (rank_memo_used < kRankMemo) {
+                if (rank_memo_used == rank_memo.size()) rank_memo.emplace_back();
+                RankMemo& mm = rank_memo[rank_memo_used++];
+                mm.inst.assign(rank_inst.begin(), rank_inst.end());
+                mm.last = is_last;
+                mm.stage = stage_tensors.size() - 1;
+                mm.states = rs;
+            }
         }
         // (Plain references: clang before 16 cannot capture structured bindings in the lambdas below.)
         const Bytes &W = rs.W, &G = rs.G, &M = rs.M, &O = rs.O, &P = rs.P, &F8 = rs.F8, &round_states = rs.round_states;
@@ -1066,12 +1070,14 @@ Bytes model_states_floor(const ModelGraph& g_in, const Job& job) {
     }
     const std::int64_t last_rank = (std::max<std::int64_t>(1, lay.virtual_stages()) - 1) % p;
     Bytes floor;
+    std::vector<std::int64_t> kinds;  // ranks computed, of different kinds (at most 8 kept, as in parallel_memory)
     for (std::int64_t r = 0; r < p; ++r) {
         // Ranks like an earlier one (same instances, both or neither the last) hold the same states.
-        bool seen = false;
-        for (std::int64_t q = 0; q < r && !seen; ++q)
-            seen = (q == last_rank) == (r == last_rank) && counts[static_cast<std::size_t>(q)] == counts[static_cast<std::size_t>(r)];
-        if (seen) continue;
+        const auto& mine = counts[static_cast<std::size_t>(r)];
+        if (std::any_of(kinds.begin(), kinds.end(),
+                        [&](std::int64_t q) { return (q == last_rank) == (r == last_rank) && counts[static_cast<std::size_t>(q)] == mine; }))
+            continue;
+        if (kinds.size() < 8) kinds.push_back(r);
         const std::vector<RankTensor> tensors = rank_tensors(g, job, counts[static_cast<std::size_t>(r)], r);
         const RankStates st = rank_states(g, job, tensors, shard_grads, shard_opt, offload_opt, inbwd, t);
         floor = max(floor, st.W + st.M + st.O + st.F8 + st.round_states);
