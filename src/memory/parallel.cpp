@@ -66,7 +66,10 @@ StateFlags state_flags(const Job& job) {
 RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<RankTensor>& tensors, bool shard_grads, bool shard_opt, bool offload_opt,
                        bool inbwd, std::int64_t t) {
     RankStates st;
-    auto& [W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head, opt_elems, largest_opt, params] = st;
+    // (Plain references: clang before 16 cannot capture structured bindings in the lambda below.)
+    Bytes &W = st.W, &G = st.G, &M = st.M, &O = st.O, &P = st.P, &F8 = st.F8, &round_states = st.round_states, &round_grads = st.round_grads;
+    Bytes &inbwd_first = st.inbwd_first, &inbwd_tmp = st.inbwd_tmp, &inbwd_head = st.inbwd_head;
+    std::int64_t &opt_elems = st.opt_elems, &largest_opt = st.largest_opt, &params = st.params;
     const bool td = g.transformer.has_value();
     auto inbwd_slot = [&](std::int32_t block) -> Bytes& {
         if (block == 0) return inbwd_first;
