@@ -63,9 +63,10 @@ StateFlags state_flags(const Job& job) {
             c.offload_optimizer != Offload::None, in_backward_optimizer(job)};
 }
 
-RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<RankTensor>& tensors, bool shard_grads, bool shard_opt, bool offload_opt,
-                       bool inbwd, std::int64_t t) {
+RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<RankTensor>& tensors, const StateFlags& flags) {
     RankStates st;
+    const bool shard_grads = flags.shard_grads, shard_opt = flags.shard_opt, offload_opt = flags.offload_opt, inbwd = flags.inbwd;
+    const std::int64_t t = std::max<std::int64_t>(1, job.layout.cfg.tp);
     // (Plain references: clang before 16 cannot capture structured bindings in the lambda below.)
     Bytes &W = st.W, &G = st.G, &M = st.M, &O = st.O, &P = st.P, &F8 = st.F8, &round_states = st.round_states, &round_grads = st.round_grads;
     Bytes &inbwd_first = st.inbwd_first, &inbwd_tmp = st.inbwd_tmp, &inbwd_head = st.inbwd_head;
@@ -121,6 +122,42 @@ RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<Ra
     }
     return st;
 }
+
+// Ranks that hold the same block instances, and are both or neither the last
+// rank, hold the same tensors and states (rank_tensors depends on the rank
+// only through that flag): the ranks between a pipeline's first and last are
+// computed once. At most kMaxKinds kinds are kept (an even split has three;
+// an uneven --pp-layers may make every rank different), so the lookups stay
+// O(pp). `stage`: where the kind's tensors are (parallel_memory's stage_tensors).
+class RankKinds {
+public:
+    struct Kind {
+        std::vector<std::int64_t> inst;
+        bool last = false;
+        std::size_t stage = 0;
+        RankStates states;
+    };
+    void clear() { used_ = 0; }
+    [[nodiscard]] const Kind* find(const std::vector<std::int64_t>& inst, bool last) const {
+        for (std::size_t k = 0; k < used_; ++k)
+            if (kinds_[k].last == last && kinds_[k].inst == inst) return &kinds_[k];
+        return nullptr;
+    }
+    void add(const std::vector<std::int64_t>& inst, bool last, std::size_t stage, const RankStates& states) {
+        if (used_ >= kMaxKinds) return;
+        if (used_ == kinds_.size()) kinds_.emplace_back();
+        Kind& k = kinds_[used_++];
+        k.inst.assign(inst.begin(), inst.end());
+        k.last = last;
+        k.stage = stage;
+        k.states = states;
+    }
+
+private:
+    static constexpr std::size_t kMaxKinds = 8;
+    std::vector<Kind> kinds_;  // the first used_ are the current call's (storage kept between calls)
+    std::size_t used_ = 0;
+};
 
 }  // namespace
 
@@ -185,20 +222,11 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         std::vector<int> seq_kind;
         std::vector<PipelineRun> schedule_runs;
     };
-    // What rank_states computes for a rank, kept for the ranks that hold the
-    // same block instances (and are or are not the last rank, like it): its
-    // tensors are at stage_tensors[stage].
-    struct RankMemo {
-        std::vector<std::int64_t> inst;
-        bool last = false;
-        std::size_t stage = 0;
-        RankStates states;
-    };
     struct Scratch {
         std::vector<std::int64_t> rank_of, chunk_of;
         std::vector<std::vector<Instance>> on_stage, on_rank;
         RankScratch rank;
-        std::vector<RankMemo> rank_memo;  // the first rank_memo_used entries are this call's
+        RankKinds rank_kinds;
     };
     static thread_local Scratch scratch;
     // (Plain references: clang before 16 cannot capture structured bindings in the lambdas below.)
@@ -206,11 +234,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     auto& chunk_of = scratch.chunk_of;
     auto& on_stage = scratch.on_stage;
     auto& on_rank = scratch.on_rank;
-    auto& rank_memo = scratch.rank_memo;
-    std::size_t rank_memo_used = 0;
-    constexpr std::size_t kRankMemo = 8;
-    // The rank of the last virtual stage (rank_tensors' last_rank).
-    const std::int64_t last_rank = (std::max<std::int64_t>(1, lay.virtual_stages()) - 1) % p;
+    RankKinds& rank_kinds = scratch.rank_kinds;
+    rank_kinds.clear();
     rank_of.assign(static_cast<std::size_t>(stages_named), 0);
     chunk_of.assign(rank_of.size(), 0);
     for (std::int64_t v = 0; v < stages_named; ++v) {
@@ -354,17 +379,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         // Each block's instances on this rank (all its model chunks), counted once.
         rank_inst.assign(g.blocks.size(), 0);
         for (const Instance& in : mine) ++rank_inst[static_cast<std::size_t>(in.block)];
-        // Ranks that hold the same block instances hold the same tensors and
-        // states (rank_tensors depends on the rank only through whether it is
-        // the last one, which may hold a tied output layer's copy): the ranks
-        // between the first and the last of a pipeline are computed once. At
-        // most kRankMemo kinds of rank are kept (an even split has three;
-        // uneven --pp-layers may make every rank different), so the lookups
-        // stay O(pp).
-        const bool is_last = r == last_rank;
-        const RankMemo* seen = nullptr;
-        for (std::size_t k = 0; k < rank_memo_used && !seen; ++k)
-            if (rank_memo[k].last == is_last && rank_memo[k].inst == rank_inst) seen = &rank_memo[k];
+        // Computed once per kind of rank (RankKinds).
+        const bool is_last = r == lay.last_rank();
+        const RankKinds::Kind* seen = rank_kinds.find(rank_inst, is_last);
         if (seen) {
             std::shared_ptr<const std::vector<RankTensor>> same = stage_tensors[seen->stage];
             stage_tensors.push_back(std::move(same));
@@ -382,15 +399,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         if (seen) {
             rs = seen->states;
         } else {
-            rs = rank_states(g, job, tensors, shard_grads, shard_opt, offload_opt, inbwd, t);
-            if (rank_memo_used < kRankMemo) {
-                if (rank_memo_used == rank_memo.size()) rank_memo.emplace_back();
-                RankMemo& mm = rank_memo[rank_memo_used++];
-                mm.inst.assign(rank_inst.begin(), rank_inst.end());
-                mm.last = is_last;
-                mm.stage = stage_tensors.size() - 1;
-                mm.states = rs;
-            }
+            rs = rank_states(g, job, tensors, flags);
+            rank_kinds.add(rank_inst, is_last, stage_tensors.size() - 1, rs);
         }
         // (Plain references: clang before 16 cannot capture structured bindings in the lambdas below.)
         const Bytes &W = rs.W, &G = rs.G, &M = rs.M, &O = rs.O, &P = rs.P, &F8 = rs.F8, &round_states = rs.round_states;
@@ -1060,9 +1070,8 @@ Bytes model_states_floor(const ModelGraph& g_in, const Job& job) {
     if (!job.train) return Bytes(0);
     const ModelGraph& g = job_graph(g_in, job);
     const Layout& lay = job.layout;
-    const std::int64_t p = std::max<std::int64_t>(1, lay.cfg.pp), t = std::max<std::int64_t>(1, lay.cfg.tp);
-    const StateFlags flags = state_flags(job);  // (plain names: clang before 16 cannot capture structured bindings)
-    const bool shard_grads = flags.shard_grads, shard_opt = flags.shard_opt, offload_opt = flags.offload_opt, inbwd = flags.inbwd;
+    const std::int64_t p = std::max<std::int64_t>(1, lay.cfg.pp);
+    const StateFlags flags = state_flags(job);
     // Each rank's block instances, as parallel_memory counts them (rank v % pp
     // of every virtual stage v an instance runs in).
     std::vector<std::vector<std::int64_t>> counts(static_cast<std::size_t>(p), std::vector<std::int64_t>(g.blocks.size(), 0));
@@ -1071,18 +1080,15 @@ Bytes model_states_floor(const ModelGraph& g_in, const Job& job) {
         for (std::size_t bi = 0; bi < stages.size() && bi < g.blocks.size(); ++bi)
             for (auto v : stages[bi]) ++counts[static_cast<std::size_t>(v % p)][bi];
     }
-    const std::int64_t last_rank = (std::max<std::int64_t>(1, lay.virtual_stages()) - 1) % p;
+    static thread_local RankKinds kinds;  // (its storage kept: the planner calls this once per layout)
+    kinds.clear();
     Bytes floor;
-    std::vector<std::int64_t> kinds;  // ranks computed, of different kinds (at most 8 kept, as in parallel_memory)
     for (std::int64_t r = 0; r < p; ++r) {
-        // Ranks like an earlier one (same instances, both or neither the last) hold the same states.
-        const auto& mine = counts[static_cast<std::size_t>(r)];
-        if (std::any_of(kinds.begin(), kinds.end(),
-                        [&](std::int64_t q) { return (q == last_rank) == (r == last_rank) && counts[static_cast<std::size_t>(q)] == mine; }))
-            continue;
-        if (kinds.size() < 8) kinds.push_back(r);
-        const std::vector<RankTensor> tensors = rank_tensors(g, job, counts[static_cast<std::size_t>(r)], r);
-        const RankStates st = rank_states(g, job, tensors, shard_grads, shard_opt, offload_opt, inbwd, t);
+        const auto& inst = counts[static_cast<std::size_t>(r)];
+        const bool is_last = r == lay.last_rank();
+        if (kinds.find(inst, is_last)) continue;  // the same states as a rank already counted
+        const RankStates st = rank_states(g, job, rank_tensors(g, job, inst, r), flags);
+        kinds.add(inst, is_last, static_cast<std::size_t>(r), st);
         floor = max(floor, st.W + st.M + st.O + st.F8 + st.round_states);
     }
     return floor;

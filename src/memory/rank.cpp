@@ -83,8 +83,7 @@ std::vector<RankTensor> rank_tensors(const ModelGraph& g, const Job& job, std::s
     for (const Block& b : g.blocks) param_tensors += b.params.size();
     out.reserve(param_tensors + 1);
     auto instances = [&](std::size_t bi) { return bi < instance_counts.size() ? instance_counts[bi] : std::int64_t{0}; };
-    const std::int32_t last_vstage = static_cast<std::int32_t>(std::max<std::int64_t>(1, lay.virtual_stages()) - 1);
-    const std::int64_t first_rank = 0, last_rank = last_vstage % pp;
+    const std::int64_t first_rank = 0, last_rank = lay.last_rank();
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
         const Block& b = g.blocks[bi];
         const std::int64_t n = instances(bi);

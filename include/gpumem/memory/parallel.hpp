@@ -21,6 +21,7 @@
 // outside the allocator are counted per GPU; offloaded bytes per node.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -117,6 +118,9 @@ struct Layout {
     // (pp x vpp entries; virtual stage v runs on rank v % pp as its chunk v / pp).
     std::vector<std::int64_t> stage_layers;
     [[nodiscard]] std::int64_t virtual_stages() const { return cfg.pp * vpp; }
+    // The rank running the last virtual stage (the output layer; a tied
+    // embedding's copy when it is not rank 0).
+    [[nodiscard]] std::int64_t last_rank() const { return (std::max<std::int64_t>(1, virtual_stages()) - 1) % std::max<std::int64_t>(1, cfg.pp); }
 };
 
 // ---- pipeline schedule ------------------------------------------------------
