@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "../bench/snapshot_gen.hpp"
@@ -249,4 +250,87 @@ TEST(SnapshotStream, JsonEntriesReadAloneMatchTheDocumentPath) {
     // The grid holds both kinds.
     EXPECT_GT(fast_ok, 100);
     EXPECT_GT(errors, 50);
+}
+
+// The fast lexer reads an entry's "frames" list once per distinct text and
+// takes what the Reader made of it from a memo when the same bytes come
+// again (FastJson::frames, FramesMemo). Entries repeating frames lists of
+// many shapes (brackets and quotes inside strings, nested lists, odd
+// spacing, lists that differ by one byte, a list after a repeated "frames"
+// key, "frames" deeper in the entry, an escape, which sends the whole file
+// through the SAX path) must read exactly as the whole-document path reads
+// them.
+TEST(SnapshotStream, RepeatedJsonFramesListsMatchTheDocumentPath) {
+    TempDir dir;
+    const std::vector<std::string> frames = {
+        R"([{"filename": "alloc.cpp", "line": 9, "name": "malloc"}, {"filename": "m.py", "line": 4, "name": "g"}])",
+        R"([{"filename": "alloc.cpp", "line": 9, "name": "malloc"}, {"filename": "m.py", "line": 5, "name": "g"}])",
+        R"([{"filename": "alloc.cpp", "line": 9, "name": "malloc"},  {"filename": "m.py", "line": 4, "name": "g"}])",
+        R"([{"filename": "a]b.py", "line": 1, "name": "f[0]"}, {"filename": "[.py", "line": 2, "name": "]]"}])",
+        R"([{"filename": "q.cpp", "line": 1, "name": "x"}, [["nested"], {"k": [1, 2]}], {"filename": "n.py", "line": 3, "name": "h"}])",
+        R"([])",
+        R"([ ])",
+        R"([{"filename": "solo.cpp", "line": 7, "name": "only_cpp"}])",
+        R"([{"filename":"t.py","line":-1,"name":""},{"filename":"","line":0,"name":""}])",
+        "[{\"filename\": \"" + std::string(5000, 'L') + ".py\", \"line\": 1, \"name\": \"over_the_memo_size\"}]",
+        R"([{"filename": "e.py", "line": 1e2, "name": "float_line"}])",
+        R"([{"filename": "u.py", "line": 18446744073709551615, "name": "big_line"}])"};
+    auto entry = [](int i, const std::string& fr, const std::string& extra = "") {
+        const std::string addr = std::to_string(4096 * (1 + i % 7));
+        const char* action = i % 2 ? "free_completed" : "alloc";
+        return std::string("{\"action\": \"") + action + "\", \"addr\": " + addr + ", \"size\": " +
+               std::to_string(512 * (1 + i % 5)) + extra + ", \"frames\": " + fr + "}";
+    };
+    std::set<std::string> named;  // top frames read
+    auto check = [&](const std::string& name, const std::string& trace) -> std::string {
+        const std::string path = dir.file(name);
+        const std::string text = R"({"segments": [], "device_traces": [[)" + trace + "]]}";
+        std::ofstream(path, std::ios::trunc) << text;
+        auto streamed = analyze_snapshot(path, SnapshotOptions{});
+        EXPECT_TRUE(streamed.ok()) << streamed.error().message;
+        if (!streamed.ok()) return std::string();
+        const std::string got = rendered(streamed.value());
+        EXPECT_EQ(got, rendered(whole_document(path, SnapshotOptions{}))) << "gpumem snapshot FILE  # FILE: " << name;
+        // Entry by entry: the same top frame (by its text) as the document path's.
+        struct Frames : TraceEntrySink {
+            std::vector<std::int32_t> top;
+            void entry(int, std::int64_t, const SnapshotTraceEntry& e) override { top.push_back(e.frame); }
+            void restart() override { top.clear(); }
+        } sink;
+        auto doc = parse_snapshot_bytes(slurp(path), path);
+        auto str = parse_snapshot_streaming(slurp(path), path, sink);
+        EXPECT_TRUE(doc.ok() && str.ok());
+        if (!doc.ok() || !str.ok()) return got;
+        const auto& want = doc.value().device_traces.at(0);
+        EXPECT_EQ(sink.top.size(), want.size());
+        auto label = [](const Snapshot& s, std::int32_t f) { return f < 0 ? std::string("-") : frame_label(s.frames.at(static_cast<std::size_t>(f))); };
+        for (std::size_t i = 0; i < std::min(sink.top.size(), want.size()); ++i) {
+            EXPECT_EQ(label(str.value(), sink.top[i]), label(doc.value(), want[i].frame)) << name << " entry " << i;
+            named.insert(label(str.value(), sink.top[i]));
+        }
+        return got;
+    };
+    std::string trace;
+    int n = 0;
+    for (int round = 0; round < 3; ++round)
+        for (std::size_t k = 0; k < frames.size(); ++k) {
+            trace += (n ? ", " : "") + entry(n, frames[(k * 5 + static_cast<std::size_t>(round)) % frames.size()]);
+            ++n;
+        }
+    // "frames" twice (the last counts), "frames" inside another field, and an
+    // entry whose frames list lies past the fast path's 256 KiB.
+    trace += ", " + entry(n++, frames[0], ", \"frames\": " + frames[3]);
+    trace += ", " + entry(n++, frames[3], ", \"frames\": " + frames[0]);
+    trace += ", " + entry(n++, frames[1], ", \"extra\": {\"frames\": " + frames[0] + "}");
+    trace += ", " + entry(n++, frames[0], ", \"extra\": \"" + std::string(300'000, 'x') + "\"");
+    trace += ", " + entry(n++, frames[0]);
+    const std::string clean = check("repeated.json", trace);
+    EXPECT_FALSE(clean.empty());
+    // The lists' distinct top frames, each read (none taken for another).
+    EXPECT_EQ(named, (std::set<std::string>{"-", "m.py:4 g", "m.py:5 g", "a]b.py:1 f[0]", "n.py:3 h", "solo.cpp:7 only_cpp",
+                                            "t.py:-1", std::string(256, 'L') + "...:1 over_the_memo_size", "e.py:0 float_line",
+                                            "u.py:0 big_line"}));
+    // The same entries with an escaped list among them, read by the SAX path.
+    check("escaped.json", trace + ", " + entry(n, R"([{"filename": "x\"].py", "line": 1, "name": "esc"}])") + ", " +
+                              entry(n + 1, R"([{"filename": "x\"].py", "line": 1, "name": "esc"}])"));
 }

@@ -7,7 +7,9 @@
 #include "gpumem/sim/snapshot.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <span>
@@ -259,17 +261,71 @@ void vfor_each(JRef r, std::size_t limit, F&& f) {
 // is the one vget finds, as nlohmann's object keeps it), strings as views
 // of the text (the fast lexer takes only strings without escapes, whose
 // text is their value). Reused from entry to entry.
+//
+// An entry's "frames" list is also read through a memo of its text
+// (FramesMemo): real traces repeat a few thousand call stacks millions of
+// times, and JSON repeats each as the same bytes. A list whose exact text was
+// read before becomes a node that carries what the Reader made of it (the
+// index of its top frame, vsummary) instead of its items; a new one is read
+// as usual and carries its text, under which the Reader then files it.
+// Identical bytes read in the same place are the same value, and what the
+// Reader makes of a frames list depends on nothing else (raw_frame and
+// intern are lookups of the frame's own text).
+struct FramesMemo {
+    static constexpr std::size_t kMaxTexts = std::size_t(1) << 16;
+    static constexpr std::size_t kMaxTextBytes = std::size_t(1) << 12;  // longer lists are not filed
+    static constexpr std::size_t kMaxTotalBytes = std::size_t(32) << 20;
+    struct Hash {
+        using is_transparent = void;
+        // 32 bytes at a time in four independent multiply lanes (the texts
+        // are ~100-200 bytes and all begin alike; std::hash's serial byte
+        // mixing was a sixth of reading an entry).
+        std::size_t operator()(std::string_view s) const noexcept {
+            constexpr std::uint64_t k = 0xff51afd7ed558ccdull;
+            std::uint64_t l[4] = {s.size(), 0x9e3779b97f4a7c15ull, 0xc4ceb9fe1a85ec53ull, 0x2545f4914f6cdd1dull};
+            std::size_t i = 0;
+            for (; i + 32 <= s.size(); i += 32)
+                for (int j = 0; j < 4; ++j) {
+                    std::uint64_t w;
+                    std::memcpy(&w, s.data() + i + 8 * j, 8);
+                    l[j] = (l[j] ^ w) * k;
+                    l[j] ^= l[j] >> 29;
+                }
+            for (int j = 0; i < s.size(); i += 8, ++j) {
+                std::uint64_t w = 0;
+                std::memcpy(&w, s.data() + i, std::min<std::size_t>(8, s.size() - i));
+                l[j] = (l[j] ^ w) * k;
+                l[j] ^= l[j] >> 29;
+            }
+            std::uint64_t h = ((l[0] * k) ^ l[1]) * k;
+            h = ((h ^ l[2]) * k ^ l[3]) * k;
+            return static_cast<std::size_t>(h ^ (h >> 32));
+        }
+    };
+    std::unordered_map<std::string, std::int32_t, Hash, std::equal_to<>> top;
+    std::size_t bytes = 0;
+    const std::int32_t* find(std::string_view text) const {
+        const auto it = top.find(text);
+        return it == top.end() ? nullptr : &it->second;
+    }
+    void put(std::string_view text, std::int32_t idx) {
+        if (text.size() > kMaxTextBytes || top.size() >= kMaxTexts || bytes + text.size() > kMaxTotalBytes) return;
+        if (top.emplace(std::string(text), idx).second) bytes += text.size();
+    }
+};
 struct FDoc {
     struct Node {
         VKind kind = VKind::Null;
+        bool summary = false;                // a frames list the memo knew: `i` is its summary
         std::uint32_t first = 0, count = 0;  // containers: items[first, first + count)
         std::int64_t i = 0;                  // Int, BigInt (as vint gives it)
         double f = 0;                        // Float
-        std::string_view s;                  // String
+        std::string_view s;                  // String; an entry's frames list read in full: its text
     };
     std::vector<Node> nodes;
     std::vector<std::uint32_t> items;
     std::vector<std::uint32_t> stack;  // items of the containers being read
+    FramesMemo* memo = nullptr;
     void clear() {
         nodes.clear();
         items.clear();
@@ -299,7 +355,19 @@ std::optional<FRef> vget(FRef r, std::string_view key) {
     return std::nullopt;
 }
 std::uint64_t videntity(FRef r) { return r.id; }
-std::optional<std::int64_t> vsummary(FRef) { return std::nullopt; }
+// A frames list the memo knew: the index of its top frame.
+std::optional<std::int64_t> vsummary(FRef r) {
+    const auto& n = fnode(r);
+    if (n.summary) return n.i;
+    return std::nullopt;
+}
+// Files what the Reader made of a frames list read in full under its text.
+void vremember(FRef r, std::int32_t top) {
+    const auto& n = fnode(r);
+    if (r.d->memo && n.kind == VKind::List && !n.summary && !n.s.empty()) r.d->memo->put(n.s, top);
+}
+template <class V>
+void vremember(V, std::int32_t) {}
 template <class F>
 void vfor_each_str(FRef r, F&& f) {
     const auto& n = fnode(r);
@@ -543,6 +611,7 @@ private:
             idx = chosen->idx;
         }
         if (cache_frames_) frame_cache_.emplace(ident, idx);
+        vremember(frames, idx);
         return idx;
     }
     // A frame as written (file name, line, function name) and what reading
@@ -1015,6 +1084,7 @@ public:
     FastJson(std::string_view text, JsonStream& sax, const Progress& progress)
         : p_(text.data()), base_(text.data()), end_(text.data() + text.size()), sax_(sax), progress_(progress) {
         next_ = progress_ ? p_ + kStep : end_ + 1;
+        doc_.memo = &memo_;
     }
     bool run() {
         ws();
@@ -1091,6 +1161,42 @@ private:
         return sax_.number_float(n.f, none);
     }
     bool scan_number(Number& n) {
+        // The common case, an integer of at most 18 digits (addresses, sizes,
+        // times): its value as the digits are read, as from_chars gives it.
+        {
+            const char* q = p_;
+            const bool neg = *q == '-';
+            q += neg;
+            if (q < end_ && *q >= '1' && *q <= '9') {
+                std::uint64_t u = 0;
+                const char* d = q;
+                // Eight digits at a time where they are (SWAR, little-endian:
+                // the check and the three-multiply conversion of fast_float's
+                // parse_eight_digits_unrolled, written out here).
+                if constexpr (std::endian::native == std::endian::little) {
+                    while (end_ - q >= 8 && q - d <= 10) {
+                        std::uint64_t w;
+                        std::memcpy(&w, q, 8);
+                        if ((((w & 0xf0f0f0f0f0f0f0f0ull) | (((w + 0x0606060606060606ull) & 0xf0f0f0f0f0f0f0f0ull) >> 4)) !=
+                             0x3333333333333333ull))
+                            break;
+                        w -= 0x3030303030303030ull;
+                        w = w * 10 + (w >> 8);
+                        w = (((w & 0x000000ff000000ffull) * (100 + (1000000ull << 32))) +
+                             (((w >> 16) & 0x000000ff000000ffull) * (1 + (10000ull << 32)))) >> 32;
+                        u = u * 100000000ull + w;
+                        q += 8;
+                    }
+                }
+                while (q < end_ && q - d < 19 && static_cast<unsigned>(*q - '0') < 10u) u = u * 10 + static_cast<unsigned>(*q++ - '0');
+                if (q - d <= 18 && (q == end_ || (*q != '.' && *q != 'e' && *q != 'E' && static_cast<unsigned>(*q - '0') >= 10u))) {
+                    p_ = q;
+                    if (neg) n.type = Number::Int, n.i = -static_cast<std::int64_t>(u);
+                    else n.type = Number::Unsigned, n.u = u;
+                    return true;
+                }
+            }
+        }
         const char* b = p_;
         bool neg = false, integer = true;
         if (*p_ == '-') neg = true, ++p_;
@@ -1235,6 +1341,7 @@ private:
                         if (p_ >= entry_end_ || *p_ != ':') return false;
                         ++p_;
                         ws();
+                        if (depth == 0 && p_ < entry_end_ && *p_ == '[' && k == "frames") return frames();
                     }
                     return fvalue(depth + 1);
                 });
@@ -1285,6 +1392,65 @@ private:
         return true;
     }
 
+    // An entry's "frames" list (the value of its key, at p_): the memo's
+    // node when its text was read before, else read in full, carrying its
+    // text (see FramesMemo).
+    bool frames() {
+        if (const char* e = list_end(p_); e && e <= entry_end_) {
+            if (const std::int32_t* top = memo_.find(std::string_view(p_, static_cast<std::size_t>(e - p_)))) {
+                const auto id = static_cast<std::uint32_t>(doc_.nodes.size());
+                auto& n = doc_.nodes.emplace_back();
+                n.kind = VKind::List;
+                n.summary = true;
+                n.i = *top;
+                doc_.stack.push_back(id);
+                p_ = e;
+                return true;
+            }
+        }
+        const char* b = p_;
+        if (!fvalue(1)) return false;
+        doc_.nodes[doc_.stack.back()].s = std::string_view(b, static_cast<std::size_t>(p_ - b));
+        return true;
+    }
+    // Where the list starting at `p` ends (past its ']'), found by brackets
+    // and quotes alone; nullptr at a backslash (an escape: FastJson gives up
+    // on those) or the end of the text. Only a candidate for a memo lookup:
+    // a text the memo holds was read in full before. 16 bytes at a time:
+    // the bytes inside strings are the prefix XOR of the quotes' mask.
+    const char* list_end(const char* p) const {
+        int depth = 0;
+        bool in_str = false;
+#if defined(__SSE2__)
+        while (end_ - p >= 16) {
+            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+            auto mask = [&](char c) { return static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(c)))); };
+            if (mask('\\')) return nullptr;
+            const std::uint32_t open = mask('['), close = mask(']');
+            std::uint32_t str = mask('"');
+            str ^= str << 1, str ^= str << 2, str ^= str << 4, str ^= str << 8;
+            if (in_str) str = ~str;
+            str &= 0xffffu;
+            for (std::uint32_t br = (open | close) & ~str; br; br &= br - 1) {
+                const int i = __builtin_ctz(br);
+                if (open >> i & 1u) ++depth;
+                else if (--depth == 0) return p + i + 1;
+            }
+            in_str = (str >> 15) & 1u;
+            p += 16;
+        }
+#endif
+        while (p < end_) {
+            const char c = *p++;
+            if (c == '\\') return nullptr;
+            if (c == '"') in_str = !in_str;
+            else if (in_str) continue;
+            else if (c == '[') ++depth;
+            else if (c == ']' && --depth == 0) return p;
+        }
+        return nullptr;
+    }
+
     const char* p_;
     const char* base_;
     const char* end_;
@@ -1293,6 +1459,7 @@ private:
     JsonStream& sax_;
     const Progress& progress_;
     std::string key_;
+    FramesMemo memo_;
     FDoc doc_;
 };
 
