@@ -375,6 +375,20 @@ void vfor_each_str(FRef r, F&& f) {
         f(r.d->nodes[r.d->items[n.first + k]].s, FRef{r.d, r.d->items[n.first + k + 1]});
 }
 
+// A JSON trace entry of the common shape, read by FastJson::direct_entry
+// straight into its fields: "action" a string, "addr", "size" and
+// "device_free" integers from 0 to 2^63-1, "stream" and "time_us" integers,
+// "frames" a list (a node of `frames_doc`), each at most once and no other
+// key. Reader::direct_entry makes of it what read_entry makes of the same
+// entry read as a document.
+struct DirectEntry {
+    std::string_view action;
+    std::int64_t addr = 0, size = 0, stream = 0, time_us = 0, device_free = 0;
+    bool has_action = false, has_addr = false, has_size = false, has_stream = false, has_time = false, has_free = false,
+         has_frames = false;
+    FRef frames{nullptr, 0};
+};
+
 // ---------------------------------------------------------------------------
 // Field paths, formatted only on error: "segments[3].blocks[2].size".
 
@@ -423,6 +437,30 @@ public:
             emit(d, i, read_entry(require_dict(e, ep), ep));
         }
         cache_frames_ = true;
+    }
+    // A trace entry of device `d` that FastJson read straight into its
+    // fields (all present ones valid): read_entry's result for it, its
+    // sizes counted in the same order.
+    void direct_entry(std::size_t d, const DirectEntry& f) {
+        const Path dp{nullptr, "device_traces"};
+        if (d >= 65536) value_error(dp, "more than 65536 devices");
+        if (out_.streamed_entries.size() <= d) out_.streamed_entries.resize(d + 1);
+        const Path p{&dp, {}, static_cast<std::int64_t>(d)};
+        const auto i = out_.streamed_entries[d];
+        const Path ep{&p, {}, i};
+        SnapshotTraceEntry te;
+        te.action = parse_action(f.action);
+        te.addr = f.addr;
+        te.size = Bytes(account(f.size, ep));
+        te.stream = f.stream;
+        te.time_us = f.time_us;
+        te.device_free = Bytes(account(f.device_free, ep));
+        if (f.has_frames) {
+            cache_frames_ = false;  // (as entries() reads FRef entries)
+            te.frame = top_frame(f.frames, Path{&ep, "frames"});
+            cache_frames_ = true;
+        }
+        emit(d, i, te);
     }
     std::optional<std::int64_t> frames_summary(std::uint64_t ident) const {
         const auto it = frame_cache_.find(ident);
@@ -904,6 +942,7 @@ public:
     // over that FastJson read alone.
     [[nodiscard]] bool at_entry() const { return !levels_.empty() && levels_.back().role == DeviceList; }
     void entry(FRef e) { r_.entries(device_, std::span<const FRef>(&e, 1)); }
+    void entry(const DirectEntry& e) { r_.direct_entry(device_, e); }
 
     bool null() { return value(json(nullptr)); }
     bool boolean(bool v) { return value(json(v)); }
@@ -1273,6 +1312,13 @@ private:
                     const char* start = p_;
                     doc_.clear();
                     entry_end_ = static_cast<std::size_t>(end_ - p_) > kMaxEntryText ? p_ + kMaxEntryText : end_;
+                    DirectEntry de;
+                    if (direct_entry(de)) {
+                        sax_.entry(de);
+                        return true;
+                    }
+                    p_ = start;
+                    doc_.clear();
                     if (fvalue(0)) {
                         sax_.entry(FRef{&doc_, doc_.stack.back()});
                         return true;
@@ -1392,6 +1438,76 @@ private:
         return true;
     }
 
+    // The entry at p_ read straight into `e` when it has DirectEntry's shape
+    // (false on anything else: the caller reads it again from its start).
+    bool direct_entry(DirectEntry& e) {
+        ++p_;  // '{'
+        ws();
+        if (p_ < entry_end_ && *p_ == '}') return false;  // (no "action": read_entry names the error)
+        while (true) {
+            std::string_view k;
+            if (p_ >= entry_end_ || *p_ != '"' || !scan_str(k)) return false;
+            ws();
+            if (p_ >= entry_end_ || *p_ != ':') return false;
+            ++p_;
+            ws();
+            if (p_ >= entry_end_) return false;
+            // A number from 0 to 2^63-1 (nonneg) or any int64.
+            auto integer = [&](std::int64_t& out, bool& has, bool nonneg) {
+                if (has || (*p_ != '-' && (*p_ < '0' || *p_ > '9'))) return false;
+                Number n;
+                if (!scan_number(n)) return false;
+                if (n.type == Number::Unsigned) {
+                    if (n.u > static_cast<std::uint64_t>(INT64_MAX)) return false;
+                    out = static_cast<std::int64_t>(n.u);
+                } else if (n.type == Number::Int && !nonneg) {
+                    out = n.i;
+                } else {
+                    return false;
+                }
+                has = true;
+                return true;
+            };
+            bool ok = false;
+            switch (k.size()) {
+                case 4:
+                    if (k == "addr") ok = integer(e.addr, e.has_addr, true);
+                    else if (k == "size") ok = integer(e.size, e.has_size, true);
+                    break;
+                case 6:
+                    if (k == "action") {
+                        ok = !e.has_action && *p_ == '"' && scan_str(e.action);
+                        e.has_action = true;
+                    } else if (k == "stream") {
+                        ok = integer(e.stream, e.has_stream, false);
+                    } else if (k == "frames") {
+                        if (!e.has_frames && *p_ == '[' && frames()) {
+                            e.frames = FRef{&doc_, doc_.stack.back()};
+                            e.has_frames = ok = true;
+                        }
+                    }
+                    break;
+                case 7:
+                    if (k == "time_us") ok = integer(e.time_us, e.has_time, false);
+                    break;
+                case 11:
+                    if (k == "device_free") ok = integer(e.device_free, e.has_free, true);
+                    break;
+                default: break;
+            }
+            if (!ok || p_ > entry_end_) return false;
+            ws();
+            if (p_ >= entry_end_) return false;
+            if (*p_ == ',') {
+                ++p_;
+                ws();
+                continue;
+            }
+            if (*p_ != '}') return false;
+            ++p_;
+            return e.has_action;
+        }
+    }
     // An entry's "frames" list (the value of its key, at p_): the memo's
     // node when its text was read before, else read in full, carrying its
     // text (see FramesMemo).
