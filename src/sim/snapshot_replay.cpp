@@ -246,7 +246,19 @@ void from_device_trace(const Snapshot& s, Entries& entries, int device, TraceCon
     };
     std::vector<Seed> seeds;
     AddrTable<char> seen;  // every address the trace names, as it goes
+    // Both passes below look each entry's address up in a table too large
+    // for the cache: the lookup kAhead entries on is started first.
+    constexpr int kAhead = 16;
+    auto ahead_of = [&](auto at) {
+        for (int k = 0; k < kAhead && at != entries.end(); ++k) ++at;
+        return at;
+    };
+    auto ahead = ahead_of(entries.begin());
     for (const auto& e : entries) {
+        if (ahead != entries.end()) {
+            seen.prefetch((*ahead).addr);
+            ++ahead;
+        }
         check_budget();
         if (e.action == TraceAction::Alloc) {
             seen.insert(e.addr, 0);
@@ -279,7 +291,12 @@ void from_device_trace(const Snapshot& s, Entries& entries, int device, TraceCon
         info.seeded_bytes += sd.size;
     }
     std::size_t i = 0;
+    ahead = ahead_of(entries.begin());
     for (auto at = entries.begin(); at != entries.end(); ++at, ++i) {
+        if (ahead != entries.end()) {
+            live.prefetch((*ahead).addr);
+            ++ahead;
+        }
         check_budget();
         release_read(entries, i);
         const auto& e = *at;
