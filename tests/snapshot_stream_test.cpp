@@ -275,7 +275,7 @@ TEST(SnapshotStream, RepeatedJsonFramesListsMatchTheDocumentPath) {
         R"([ ])",
         R"([{"filename": "solo.cpp", "line": 7, "name": "only_cpp"}])",
         R"([{"filename":"t.py","line":-1,"name":""},{"filename":"","line":0,"name":""}])",
-        "[{\"filename\": \"" + std::string(5000, 'L') + ".py\", \"line\": 1, \"name\": \"over_the_memo_size\"}]",
+        "[{\"filename\": \"" + std::string(20000, 'L') + ".py\", \"line\": 1, \"name\": \"over_the_memo_size\"}]",
         R"([{"filename": "e.py", "line": 1e2, "name": "float_line"}])",
         R"([{"filename": "u.py", "line": 18446744073709551615, "name": "big_line"}])"};
     auto entry = [](int i, const std::string& fr, const std::string& extra = "") {
@@ -333,6 +333,22 @@ TEST(SnapshotStream, RepeatedJsonFramesListsMatchTheDocumentPath) {
     EXPECT_EQ(named, (std::set<std::string>{"-", "m.py:4 g", "m.py:5 g", "a]b.py:1 f[0]", "n.py:3 h", "solo.cpp:7 only_cpp",
                                             "t.py:-1", std::string(256, 'L') + "...:1 over_the_memo_size", "e.py:0 float_line",
                                             "u.py:0 big_line"}));
+    // More distinct lists than the memo files (FramesMemo::kMaxTexts, 65,536),
+    // then lists filed early and lists that found it full, again.
+    {
+        std::string many;
+        auto list = [](int k) {
+            // (distinct texts, 97 distinct top frames: the Reader interns at most 65,536)
+            return R"([{"filename": "alloc.cpp", "line": )" + std::to_string(k) +
+                   R"(, "name": "malloc"}, {"filename": "d.py", "line": )" + std::to_string(k % 97) + R"(, "name": "f"}])";
+        };
+        int m = 0;
+        for (int k = 0; k < 70'000; ++k) many += (m ? ", " : "") + entry(m, list(k)), ++m;
+        for (int k : {0, 1, 65'535, 65'536, 69'999, 0}) many += ", " + entry(m, list(k)), ++m;
+        named.clear();
+        check("many.json", many);
+        EXPECT_EQ(named.size(), 97u);
+    }
     // The same entries with an escaped list among them, read by the SAX path.
     check("escaped.json", trace + ", " + entry(n, R"([{"filename": "x\"].py", "line": 1, "name": "esc"}])") + ", " +
                               entry(n + 1, R"([{"filename": "x\"].py", "line": 1, "name": "esc"}])"));

@@ -273,8 +273,8 @@ void vfor_each(JRef r, std::size_t limit, F&& f) {
 // intern are lookups of the frame's own text).
 struct FramesMemo {
     static constexpr std::size_t kMaxTexts = std::size_t(1) << 16;
-    static constexpr std::size_t kMaxTextBytes = std::size_t(1) << 12;  // longer lists are not filed
-    static constexpr std::size_t kMaxTotalBytes = std::size_t(32) << 20;
+    static constexpr std::size_t kMaxTextBytes = std::size_t(16) << 10;  // longer lists are not filed
+    static constexpr std::size_t kMaxTotalBytes = std::size_t(16) << 20;  // (real traces: a few thousand stacks of 1-3 KB)
     struct Hash {
         using is_transparent = void;
         // 32 bytes at a time in four independent multiply lanes (the texts
