@@ -99,10 +99,32 @@ def safetensors():
     write(d, "empty.safetensors", safetensors_file([]))
 
 
+def batched_trace_pickle():
+    """A torch-shaped snapshot whose trace is appended in batches of 4 (as
+    pickle.dump appends batches of 1000): entries after the first batch take
+    the pickle reader's direct path (sim/pickle.hpp), which the fixtures'
+    single batches never reach. The pure-Python pickler, protocol 4."""
+    import pickle
+    frames = [[{"filename": "alloc.cpp", "line": 9, "name": "malloc"},
+               {"filename": "m%d.py" % k, "line": k, "name": "f"}] for k in range(3)]
+    # (Four keys an entry: the pickler batches a dict's items by the same count.)
+    trace = [{"action": "free_completed" if i % 2 else "alloc", "addr": 139000000000000 + 512 * (i // 2 % 5),
+              "size": 512 * (i % 3 + 1), "frames": frames[i // 2 % 3]} for i in range(24)]
+    import io
+
+    class Batches4(pickle._Pickler):
+        _BATCHSIZE = 4
+
+    out = io.BytesIO()
+    Batches4(out, protocol=4).dump({"segments": [], "device_traces": [trace]})
+    return out.getvalue()
+
+
 def snapshots():
     d = reset("snapshot_pickle")
     for p in sorted((ROOT / "tests/fixtures/snapshots").glob("*.pickle")):
         copy(d, p.relative_to(ROOT))
+    write(d, "batched_trace.pickle", batched_trace_pickle())
     d = reset("snapshot_json")
     for p in sorted((ROOT / "tests/fixtures/snapshots").glob("*.json")):
         copy(d, p.relative_to(ROOT))

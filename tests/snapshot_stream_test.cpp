@@ -8,12 +8,15 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "../bench/snapshot_gen.hpp"
 #include "gpumem/report/snapshot_render.hpp"
+#include "gpumem/sim/pickle.hpp"
 #include "gpumem/sim/snapshot.hpp"
 #include "test_util.hpp"
 
@@ -352,4 +355,240 @@ TEST(SnapshotStream, RepeatedJsonFramesListsMatchTheDocumentPath) {
     // The same entries with an escaped list among them, read by the SAX path.
     check("escaped.json", trace + ", " + entry(n, R"([{"filename": "x\"].py", "line": 1, "name": "esc"}])") + ", " +
                               entry(n + 1, R"([{"filename": "x\"].py", "line": 1, "name": "esc"}])"));
+}
+
+// Pickled trace entries of the common shape are read without building them
+// (pickle.hpp, "Streamed trace entries of the common shape"); any other
+// entry is built and read as before, and a direct entry used as anything
+// but an entry sends the whole file through the plain streaming parse
+// (DirectFallback). Entries of many shapes, written as pickle.dump writes
+// them (memoized keys, actions and frame lists, batches of MARK ... APPENDS),
+// must read exactly as the whole-document path reads them: the same report,
+// or the same error.
+class PickleOut {
+public:
+    PickleOut() { out_ = std::string("\x80\x04", 2); }
+    std::string& raw() { return out_; }
+    void memoize() { out_ += '\x94', ++memo_; }
+    // EMPTY_DICT / EMPTY_LIST, memoized, then MARK.
+    void open(char container) { out_ += container, memoize(), out_ += '('; }
+    std::vector<int> entries;  // memo indexes of the trace entries' dicts, in order
+    // A string, memoized the first time and a memo reference after.
+    void str(const std::string& s) {
+        if (const auto it = strings_.find(s); it != strings_.end()) return get(it->second);
+        out_ += '\x8c', out_ += static_cast<char>(s.size()), out_ += s;
+        strings_[s] = memo_;
+        memoize();
+    }
+    void get(int m) {
+        if (m < 256) {
+            out_ += 'h', out_ += static_cast<char>(m);
+        } else {
+            out_ += 'j';
+            for (int i = 0; i < 4; ++i) out_ += static_cast<char>((m >> (8 * i)) & 0xff);
+        }
+    }
+    // An integer as pickle.dump writes it: BININT1, BININT2, BININT, LONG1.
+    void integer(std::int64_t v) {
+        if (v >= 0 && v < 256) {
+            out_ += 'K', out_ += static_cast<char>(v);
+        } else if (v >= 0 && v < 65536) {
+            out_ += 'M', out_ += static_cast<char>(v & 0xff), out_ += static_cast<char>(v >> 8);
+        } else if (v >= INT32_MIN && v <= INT32_MAX) {
+            out_ += 'J';
+            for (int i = 0; i < 4; ++i) out_ += static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff);
+        } else {
+            // LONG1 with the fewest bytes that keep the sign (Lib/pickle.py encode_long).
+            std::string b;
+            std::int64_t x = v;
+            do {
+                b += static_cast<char>(static_cast<std::uint64_t>(x) & 0xff);
+                x >>= 8;
+            } while (!((x == 0 && !(b.back() & 0x80)) || (x == -1 && (b.back() & 0x80))));
+            out_ += '\x8a', out_ += static_cast<char>(b.size()), out_ += b;
+        }
+    }
+    // A frames list, memoized; its memo index.
+    int frames(const std::string& file, int line) {
+        const int m = memo_;
+        open(']');
+        for (const auto& [f, l] : {std::pair<std::string, int>{"alloc.cpp", 9}, {file, line}}) {
+            open('}');
+            str("filename"), str(f), str("line"), integer(l), str("name"), str("fn");
+            out_ += 'u';
+        }
+        out_ += 'e';
+        return m;
+    }
+    int memo() const { return memo_; }
+
+private:
+    std::string out_;
+    int memo_ = 0;
+    std::map<std::string, int> strings_;
+};
+
+TEST(SnapshotStream, PickleEntriesReadDirectlyMatchTheDocumentPath) {
+    TempDir dir;
+    // `odd(w, i)` writes entry i's fields (between the dict's MARK and
+    // SETITEMS) when it returns true; `after(w, i)` writes opcodes after it.
+    struct Case {
+        std::string name;
+        std::function<bool(PickleOut&, int)> odd;
+        std::function<void(PickleOut&, int)> after;
+        bool fallback = false;  // the direct entries are used otherwise
+        // The streaming reader refuses it where the whole document reads it
+        // (pickle.hpp: a GET of a claimed entry is an error): compared with
+        // the streaming parse without direct entries only.
+        bool stream_refuses = false;
+    };
+    // `frames`: a memo reference, or -1 for a new list written in place.
+    auto plain = [](PickleOut& w, int i, int& frames) {
+        w.str("action"), w.str(i % 2 ? "free_completed" : "alloc");
+        w.str("addr"), w.integer(std::int64_t{139'000'000'000'000} + 512 * (i / 2 % 5));
+        w.str("size"), w.integer(i % 3 == 0 ? 70'000 : (i % 3 == 1 ? 300 : 5'000'000'000));
+        w.str("stream"), w.integer(0);
+        w.str("time_us"), w.integer(1'700'000'000'000'000 + i);
+        w.str("frames");
+        if (frames < 0) frames = w.frames("m" + std::to_string(i % 7) + ".py", i);
+        else w.get(frames);
+    };
+    const std::vector<Case> cases = {
+        {"plain", {}, {}},
+        {"null_size", [](PickleOut& w, int i) { return i == 21 && (w.str("action"), w.str("alloc"), w.str("size"), w.raw() += 'N', true); }, {}},
+        {"negative_addr", [](PickleOut& w, int i) { return i == 22 && (w.str("action"), w.str("alloc"), w.str("addr"), w.integer(-512), true); }, {}},
+        {"float_time", [](PickleOut& w, int i) {
+             return i == 23 && (w.str("action"), w.str("alloc"), w.str("time_us"), w.raw() += std::string("G\x40\x09\x21\xfb\x54\x44\x2d\x18", 9), true);
+         }, {}},
+        {"unknown_key", [](PickleOut& w, int i) { return i == 24 && (w.str("action"), w.str("alloc"), w.str("extra"), w.integer(1), true); }, {}},
+        {"repeated_key", [](PickleOut& w, int i) {
+             return i == 25 && (w.str("action"), w.str("alloc"), w.str("size"), w.integer(5), w.str("size"), w.integer(7), true);
+         }, {}},
+        {"no_action", [](PickleOut& w, int i) { return i == 26 && (w.str("size"), w.integer(5), true); }, {}},
+        {"action_not_a_string", [](PickleOut& w, int i) { return i == 27 && (w.str("action"), w.integer(3), true); }, {}},
+        {"frames_not_a_list", [](PickleOut& w, int i) { return i == 28 && (w.str("action"), w.str("alloc"), w.str("frames"), w.str("alloc"), true); }, {}},
+        {"wide_integer", [](PickleOut& w, int i) {
+             return i == 29 && (w.str("action"), w.str("alloc"), w.str("size"), w.raw() += std::string("\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00", 11), true);
+         }, {}},
+        {"negative_stream", [](PickleOut& w, int i) { return i == 30 && (w.str("action"), w.str("alloc"), w.str("stream"), w.integer(-7), true); }, {}},
+        // LONG1 of fewer than 8 bytes, negative (sign-extended): a stream of -7, a time of -2^40.
+        {"short_negative_long1", [](PickleOut& w, int i) {
+             return i == 31 && (w.str("action"), w.str("alloc"), w.str("stream"), w.raw() += std::string("\x8a\x01\xf9", 3),
+                                w.str("time_us"), w.integer(-(std::int64_t{1} << 40)), true);
+         }, {}},
+        {"size_past_2^63", [](PickleOut& w, int i) {
+             return i == 31 && (w.str("action"), w.str("alloc"), w.str("size"), w.raw() += std::string("\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f", 10),
+                                w.str("device_free"), w.raw() += std::string("\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f", 10), true);
+         }, {}},
+        // A memo reference to an entry of an earlier batch (read and freed): an error.
+        {"consumed_reference", [](PickleOut& w, int i) {
+             return i == 41 && (w.str("action"), w.str("alloc"), w.str("frames"), w.get(w.entries.at(10)), true);
+         }, {}, false, true},
+        // An entry dict referenced again in its batch (read twice, as before).
+        {"entry_twice", {}, [](PickleOut& w, int i) { if (i == 33) w.get(w.memo() - 1); }},
+        // A direct entry's dict given another key afterwards (SETITEM).
+        {"setitem_after", {}, [](PickleOut& w, int i) { if (i == 34) w.str("late"), w.integer(1), w.raw() += 's'; }, true},
+        // A direct entry's dict dropped (POP) but memoized: it outlives its batch.
+        {"popped", {}, [](PickleOut& w, int i) {
+             if (i == 35) w.open('}'), w.str("action"), w.str("alloc"), w.raw() += "u0";
+         }, true},
+        // A direct entry's dict inside another container (a tuple in the batch).
+        {"in_a_tuple", {}, [](PickleOut& w, int i) { if (i == 37) w.get(w.memo() - 1), w.raw() += '\x85'; }, true},
+    };
+    int direct_total = 0;
+    for (const auto& c : cases) {
+        PickleOut w;
+        w.open('}');
+        w.str("segments"), w.raw() += ']', w.memoize();
+        w.str("device_traces"), w.open(']'), w.open(']');
+        int frames = -1;
+        for (int i = 0; i < 60; ++i) {
+            // A new frames list for every third alloc; the free shares the alloc's.
+            if (i % 2 == 0 && (i / 2) % 3 == 0) frames = -1;
+            w.entries.push_back(w.memo());
+            w.open('}');
+            if (!(c.odd && c.odd(w, i))) plain(w, i, frames);
+            w.raw() += 'u';
+            if (c.after) c.after(w, i);
+            if (i % 4 == 3) w.raw() += "e(";
+        }
+        w.raw() += "eeu.";
+        const std::string path = dir.file(c.name + ".pickle");
+        std::ofstream(path, std::ios::binary | std::ios::trunc) << w.raw();
+        const std::string cmd = "gpumem snapshot FILE  # FILE: case " + c.name;
+        auto streamed = analyze_snapshot(path, SnapshotOptions{});
+        auto whole = parse_snapshot_bytes(slurp(path), path);
+        // The parse alone, with and without direct entries: the same result.
+        struct Count final : pickle::ListSink {
+            int direct = 0, built = 0;
+            void items(const pickle::Document& d, std::size_t, std::span<const pickle::Document::Id> it) override {
+                for (auto id : it) (d.direct(id) ? direct : built)++;
+            }
+        } count, plain_count;
+        pickle::StreamSpec spec, plain_spec;
+        spec.key = plain_spec.key = "device_traces";
+        spec.sink = &count;
+        plain_spec.sink = &plain_count;
+        plain_spec.direct = false;
+        const std::string data = slurp(path);
+        bool fell_back = false;
+        std::optional<Result<pickle::Document>> parsed;
+        try {
+            parsed.emplace(pickle::parse(data, path, {}, spec));
+        } catch (const pickle::DirectFallback&) {
+            fell_back = true;
+        }
+        const auto plain_parsed = pickle::parse(data, path, {}, plain_spec);
+        EXPECT_EQ(fell_back, c.fallback) << cmd;
+        if (!fell_back) {
+            EXPECT_EQ(parsed->ok(), plain_parsed.ok()) << cmd;
+            if (!parsed->ok() && !plain_parsed.ok()) {
+                EXPECT_EQ(parsed->error().message, plain_parsed.error().message) << cmd;
+            }
+            EXPECT_EQ(count.direct + count.built, plain_count.built) << cmd;
+            if (parsed->ok()) {
+                // The first batch is built (the list is not claimed yet); so is each odd entry.
+                EXPECT_GE(count.built, 4) << cmd;
+                EXPECT_GE(count.direct, 40) << cmd;  // (and each alloc that writes a new frames list)
+                direct_total += count.direct;
+            }
+        }
+        if (c.stream_refuses) {
+            ASSERT_FALSE(streamed.ok()) << cmd;
+            EXPECT_FALSE(plain_parsed.ok()) << cmd;
+            if (!plain_parsed.ok()) {
+                EXPECT_NE(streamed.error().message.find(plain_parsed.error().message), std::string::npos) << cmd;
+            }
+            continue;
+        }
+        if (!whole.ok()) {
+            ASSERT_FALSE(streamed.ok()) << cmd;
+            EXPECT_EQ(streamed.error().message, whole.error().message) << cmd;
+        } else {
+            ASSERT_TRUE(streamed.ok()) << cmd << "\n" << streamed.error().message;
+            EXPECT_EQ(rendered(streamed.value()), rendered(whole_document(path, SnapshotOptions{}))) << cmd;
+            // Entry by entry, every field (the report sums them).
+            struct Keep final : TraceEntrySink {
+                std::vector<SnapshotTraceEntry> e;
+                void entry(int, std::int64_t, const SnapshotTraceEntry& x) override { e.push_back(x); }
+                void restart() override { e.clear(); }
+            } keep;
+            auto str = parse_snapshot_streaming(slurp(path), path, keep);
+            ASSERT_TRUE(str.ok()) << cmd;
+            const auto& want = whole.value().device_traces.at(0);
+            ASSERT_EQ(keep.e.size(), want.size()) << cmd;
+            auto label = [](const Snapshot& sn, std::int32_t f) {
+                return f < 0 ? std::string("-") : frame_label(sn.frames.at(static_cast<std::size_t>(f)));
+            };
+            for (std::size_t k = 0; k < want.size(); ++k) {
+                const auto &a = keep.e[k], &b = want[k];
+                EXPECT_TRUE(a.action == b.action && a.addr == b.addr && a.size == b.size && a.stream == b.stream &&
+                            a.time_us == b.time_us && a.device_free == b.device_free &&
+                            label(str.value(), a.frame) == label(whole.value(), b.frame))
+                    << cmd << " entry " << k << ": stream " << a.stream << " vs " << b.stream << ", time " << a.time_us << " vs "
+                    << b.time_us << ", size " << a.size.count() << " vs " << b.size.count();
+            }
+        }
+    }
+    EXPECT_GT(direct_total, 400);
 }

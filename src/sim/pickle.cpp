@@ -6,7 +6,10 @@
 #include "gpumem/core/budget.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
+#include <optional>
+#include <string_view>
 #include <charconv>
 #include <cstring>
 #include <limits>
@@ -117,11 +120,13 @@ public:
         std::size_t nodes, strings, containers;  // arena sizes at the MARK
         std::size_t memolog;                     // memo_log_ size at the MARK
         Id min_ext;                              // smallest container extended since (kNoMemo: none)
+        std::size_t direct = 0;                  // doc_.direct_ size at the MARK
     };
 
     Parser(std::string_view data, const std::string& origin, const Limits& limits, StreamSpec* stream = nullptr)
         : data_(data), origin_(origin), lim_(limits), stream_(stream && stream->sink ? stream : nullptr) {
         lim_.max_depth = std::clamp(lim_.max_depth, 1, 60000);
+        direct_on_ = stream_ && stream_->direct;
     }
 
     Document run() {
@@ -153,13 +158,14 @@ public:
                 }
                 case STOP: {
                     if (avail() < 1) malformed("STOP with an empty stack");
+                    if (doc_.nodes_[stack_.back()].flags & Document::kDirect) throw DirectFallback{};
                     doc_.root_ = stack_.back();
                     return std::move(doc_);
                 }
                 case MARK:
                     if (marks_.size() >= static_cast<std::size_t>(lim_.max_depth)) too_deep();
                     marks_.push_back(MarkRec{stack_.size(), doc_.nodes_.size(), doc_.strings_.size(), doc_.containers_.size(),
-                                             memo_log_.size(), kNoMemo});
+                                             memo_log_.size(), kNoMemo, doc_.direct_.size()});
                     break;
                 case POP:
                     if (avail() > 0) stack_.pop_back();
@@ -220,7 +226,10 @@ public:
                 case BYTEARRAY8: push_string(Kind::Bytes, uint_le(8)); break;
 
                 // Containers.
-                case EMPTY_DICT: push(make_container(Kind::Dict, {})); break;
+                case EMPTY_DICT:
+                    if (direct_on_ && direct_entry()) break;
+                    push(make_container(Kind::Dict, {}));
+                    break;
                 case EMPTY_LIST: push(make_container(Kind::List, {})); break;
                 case EMPTY_TUPLE: push(make_container(Kind::Tuple, {})); break;
                 case EMPTY_SET: push(make_container(Kind::Set, {})); break;
@@ -397,7 +406,10 @@ private:
         if (items.size() > lim_.max_container) malformed("a container with more than " + std::to_string(lim_.max_container) + " items");
         if (doc_.containers_.size() >= std::numeric_limits<std::uint32_t>::max()) malformed("too many containers");
         int h = 0;
-        for (Id c : items) h = std::max(h, doc_.nodes_[c].height + 1);
+        for (Id c : items) {
+            h = std::max(h, doc_.nodes_[c].height + 1);
+            if (doc_.nodes_[c].flags & Document::kDirect) throw DirectFallback{};
+        }
         if (h > lim_.max_depth) too_deep();
         Node node;
         node.kind = k;
@@ -513,6 +525,7 @@ private:
     // its shape, makes the reader hold more than that.
     [[nodiscard]] std::size_t held_bytes() const {
         return doc_.nodes_.capacity() * sizeof(Node) + doc_.strings_.capacity() * sizeof(std::string) +
+               doc_.direct_.capacity() * sizeof(Document::DirectDict) +
                doc_.containers_.capacity() * sizeof(std::vector<Id>) + payload_ + memo_dense_.capacity() * sizeof(Id) +
                memo_sparse_.size() * 48 + memo_log_.capacity() * sizeof(std::uint64_t) + stack_.capacity() * sizeof(Id) +
                marks_.capacity() * sizeof(MarkRec);
@@ -558,6 +571,7 @@ private:
     void extend(Id target, Kind want, std::span<const Id> items) {
         if (!marks_.empty()) marks_.back().min_ext = std::min(marks_.back().min_ext, target);
         Node& t = doc_.nodes_[target];
+        if (t.flags & Document::kDirect) throw DirectFallback{};
         if (t.kind != want)
             malformed(std::string("adds items to ") + kind_name(t.kind) + ", expected " + kind_name(want));
         if (items.empty()) return;
@@ -570,7 +584,10 @@ private:
         if (items.size() > lim_.max_container - c.size())
             malformed("a container with more than " + std::to_string(lim_.max_container) + " items");
         int h = t.height;
-        for (Id id : items) h = std::max(h, doc_.nodes_[id].height + 1);
+        for (Id id : items) {
+            h = std::max(h, doc_.nodes_[id].height + 1);
+            if (doc_.nodes_[id].flags & Document::kDirect) throw DirectFallback{};
+        }
         if (h > lim_.max_depth) too_deep();
         t.height = static_cast<std::uint16_t>(h);
         payload_ += items.size() * sizeof(Id);
@@ -592,6 +609,7 @@ private:
     // read, not a hash node per byte.
     static constexpr Id kNoMemo = std::numeric_limits<Id>::max();  // never a node id (new_node stops below it)
     static constexpr Id kConsumed = kNoMemo - 1;  // a dict handed to the ListSink and freed
+    static constexpr std::uint8_t kClaimed = 4;   // Node::flags, within release(): handed to the ListSink
     void memo_put(std::uint64_t key) {
         need_stack(1);
         const Id v = stack_.back();
@@ -666,6 +684,184 @@ private:
         return true;
     }
 
+    // --- trace entries read directly (pickle.hpp: "Streamed trace entries
+    // of the common shape") ----------------------------------------------------
+    enum Field : int { kAction, kAddr, kSize, kStream, kTime, kFree, kFrames };
+    static std::size_t direct_items(const Document::DirectDict& d) { return 2 * static_cast<std::size_t>(d.fields); }
+    int key_field(Id k) {
+        for (const KeyField& c : key_cache_)
+            if (c.id == k) return c.field;
+        static constexpr std::string_view kNames[] = {"action", "addr", "size", "stream", "time_us", "device_free", "frames"};
+        const std::string_view s = doc_.as_string(k);
+        int f = -1;
+        for (int i = 0; i < 7; ++i)
+            if (s == kNames[i]) f = i;
+        key_cache_[key_next_++ % key_cache_.size()] = KeyField{k, f};
+        return f;
+    }
+    [[nodiscard]] std::uint8_t byte_at(std::size_t q) const { return static_cast<std::uint8_t>(data_[q]); }
+    [[nodiscard]] std::uint64_t le_at(std::size_t q, std::size_t k) const {
+        std::uint64_t v = 0;
+        for (std::size_t i = 0; i < k; ++i) v |= static_cast<std::uint64_t>(byte_at(q + i)) << (8 * i);
+        return v;
+    }
+    // The node a BINGET or LONG_BINGET at q refers to (q moves past it); none
+    // for any other opcode, a key never stored or a consumed entry.
+    std::optional<Id> direct_get(std::size_t& q) {
+        const std::size_t n = data_.size();
+        std::uint64_t key = 0;
+        if (byte_at(q) == BINGET) {
+            if (n - q < 2) return std::nullopt;
+            key = byte_at(q + 1);
+            q += 2;
+        } else if (byte_at(q) == LONG_BINGET) {
+            if (n - q < 5) return std::nullopt;
+            key = le_at(q + 1, 4);
+            q += 5;
+        } else {
+            return std::nullopt;
+        }
+        const Id* v = memo_slot(key);
+        if (!v || *v >= kConsumed) return std::nullopt;
+        return *v;
+    }
+    // An integer opcode at q as run() reads it (BININT, BININT1, BININT2,
+    // LONG1 of at most 8 bytes); q moves past it.
+    bool direct_int(std::size_t& q, std::int64_t& out) const {
+        const std::size_t n = data_.size();
+        switch (byte_at(q)) {
+            case BININT:
+                if (n - q < 5) return false;
+                out = static_cast<std::int32_t>(static_cast<std::uint32_t>(le_at(q + 1, 4)));
+                q += 5;
+                return true;
+            case BININT1:
+                if (n - q < 2) return false;
+                out = byte_at(q + 1);
+                q += 2;
+                return true;
+            case BININT2:
+                if (n - q < 3) return false;
+                out = static_cast<std::int64_t>(le_at(q + 1, 2));
+                q += 3;
+                return true;
+            case LONG1: {
+                if (n - q < 2) return false;
+                const std::size_t len = byte_at(q + 1);
+                if (len > 8 || n - q - 2 < len) return false;
+                std::uint64_t v = le_at(q + 2, len);
+                if (len > 0 && len < 8 && (byte_at(q + 2 + len - 1) & 0x80)) v |= ~std::uint64_t(0) << (8 * len);
+                out = static_cast<std::int64_t>(v);
+                q += 2 + len;
+                return true;
+            }
+            default: return false;
+        }
+    }
+    // At an EMPTY_DICT (pos_ just past it): the trace entry it starts, read
+    // directly when it has the common shape and sits where claim() would
+    // hand it to the sink (its conditions, the MARK batch on top); false, with
+    // nothing changed, otherwise. On success the parse is where run() would
+    // be after the SETITEMS, with the same memo, stack, batch MARK and node
+    // count, the dict a kDirect node.
+    bool direct_entry() {
+        if (!stream_->claimed || marks_.size() < 3 || marks_.size() >= static_cast<std::size_t>(lim_.max_depth)) return false;
+        const MarkRec& batch = marks_.back();
+        const MarkRec& m1 = marks_[marks_.size() - 2];
+        const MarkRec& m0 = marks_[marks_.size() - 3];
+        if (m0.stack != 1 || stack_[0] != stream_->root || batch.stack < 1) return false;
+        if (m1.stack < m0.stack + 2 || (m1.stack - 1 - m0.stack) % 2 != 1 || stack_[m1.stack - 1] != stream_->list) return false;
+        const Id key = stack_[m1.stack - 2];
+        if (doc_.nodes_[key].kind != Kind::String || doc_.as_string(key) != stream_->key) return false;
+        const std::size_t p = batch.stack - 1;
+        if (p < m1.stack) return false;
+        const Node& ln = doc_.nodes_[stack_[p]];
+        if (ln.kind != Kind::List || ln.ref != Document::kNoItems || ln.flags) return false;
+
+        const std::size_t n = data_.size();
+        std::size_t q = pos_;
+        std::optional<std::uint64_t> memo_key;
+        std::size_t memo_pos = 0;
+        if (q < n && byte_at(q) == MEMOIZE) {
+            memo_key = memo_count_, memo_pos = q, q += 1;
+        } else if (q < n && byte_at(q) == BINPUT) {
+            if (n - q < 2) return false;
+            memo_key = byte_at(q + 1), memo_pos = q, q += 2;
+        } else if (q < n && byte_at(q) == LONG_BINPUT) {
+            if (n - q < 5) return false;
+            memo_key = le_at(q + 1, 4), memo_pos = q, q += 5;
+        }
+        if (q >= n || byte_at(q) != MARK) return false;
+        ++q;
+        Document::DirectDict d;
+        int height = 0;
+        std::size_t ints = 0;
+        while (true) {
+            if (q >= n) return false;
+            if (byte_at(q) == SETITEMS) {
+                ++q;
+                break;
+            }
+            const auto k = direct_get(q);
+            if (!k || doc_.nodes_[*k].kind != Kind::String) return false;
+            const int f = key_field(*k);
+            if (f < 0 || ((d.has >> f) & 1u) || q >= n) return false;
+            std::int64_t iv = 0;
+            std::optional<Id> v;
+            if (direct_int(q, iv)) {
+                ++ints;
+            } else if (!(v = direct_get(q)) || (doc_.nodes_[*v].flags & Document::kDirect)) {
+                return false;
+            }
+            switch (f) {
+                case kAction:
+                    if (!v || doc_.nodes_[*v].kind != Kind::String) return false;
+                    d.action = *v;
+                    break;
+                case kFrames:
+                    if (!v) return false;
+                    d.frames = *v;
+                    break;
+                case kAddr:
+                case kSize:
+                case kFree:
+                    if (v || iv < 0) return false;
+                    (f == kAddr ? d.addr : f == kSize ? d.size : d.device_free) = iv;
+                    break;
+                default:  // kStream, kTime
+                    if (v) return false;
+                    (f == kStream ? d.stream : d.time_us) = iv;
+                    break;
+            }
+            d.has = static_cast<std::uint8_t>(d.has | (1u << f));
+            ++d.fields;
+            height = std::max(height, (v ? doc_.nodes_[*v].height : 0) + 1);
+        }
+        if (!(d.has & Document::DirectDict::kHasAction) || height > lim_.max_depth || direct_items(d) > lim_.max_container ||
+            doc_.created_ + ints + 1 >= lim_.max_nodes)
+            return false;
+        check_budget();
+        Node node;
+        node.kind = Kind::Dict;
+        node.flags = Document::kDirect;
+        node.height = static_cast<std::uint16_t>(height);
+        node.ref = Document::kNoItems;
+        node.payload = static_cast<std::int64_t>(doc_.direct_.size());
+        const Id id = new_node(node);
+        doc_.created_ += ints;  // (the integer nodes run() makes: the sink's budget follows the count)
+        doc_.direct_.push_back(d);
+        payload_ += direct_items(d) * sizeof(Id);
+        check_bytes();
+        push(id);
+        if (memo_key) {
+            op_pos_ = memo_pos;
+            memo_put(*memo_key);
+        }
+        marks_.back().min_ext = std::min(marks_.back().min_ext, id);
+        pos_ = q;
+        return true;
+    }
+
     // Frees the nodes made since MARK `rec` (the batch just handed over)
     // unless an older container was changed meanwhile. Memo entries that
     // refer to them are kept valid: claimed dicts become kConsumed, lists
@@ -676,10 +872,11 @@ private:
         // Everything made since the MARK leaves payload_; what survives is added back below.
         for (std::size_t k = rec.strings; k < doc_.strings_.size(); ++k) payload_ -= doc_.strings_[k].size();
         for (std::size_t k = rec.containers; k < doc_.containers_.size(); ++k) payload_ -= doc_.containers_[k].size() * sizeof(Id);
-        std::vector<Id> claimed;
+        for (std::size_t k = rec.direct; k < doc_.direct_.size(); ++k) payload_ -= direct_items(doc_.direct_[k]) * sizeof(Id);
+        // The young items handed over, flagged (the flag goes with the nodes
+        // freed below; a copy drops it).
         for (Id i : items)
-            if (i >= W) claimed.push_back(i);
-        std::sort(claimed.begin(), claimed.end());
+            if (i >= W) doc_.nodes_[i].flags |= kClaimed;
         std::unordered_map<Id, Id> moved;  // young id -> its id after the release
         std::vector<Node> nodes;
         std::vector<std::string> strings;
@@ -692,6 +889,8 @@ private:
             const auto nid = static_cast<Id>(W + nodes.size());
             moved.emplace(x, nid);
             Node n = doc_.nodes_[x];
+            if (n.flags & Document::kDirect) throw DirectFallback{};
+            n.flags = static_cast<std::uint8_t>(n.flags & ~kClaimed);
             if (n.kind == Kind::String || n.kind == Kind::Bytes || n.kind == Kind::BigInt) {
                 strings.push_back(std::move(doc_.strings_[n.ref]));
                 n.ref = static_cast<std::uint32_t>(rec.strings + strings.size() - 1);
@@ -708,7 +907,7 @@ private:
             Id* slot = memo_slot(memo_log_[k]);
             if (!slot || *slot >= kConsumed || *slot < W) continue;
             const Id v = *slot;
-            if (std::binary_search(claimed.begin(), claimed.end(), v)) {
+            if (doc_.nodes_[v].flags & kClaimed) {
                 *slot = kConsumed;
                 continue;
             }
@@ -745,6 +944,9 @@ private:
         doc_.nodes_.resize(W);
         doc_.strings_.resize(rec.strings);
         doc_.containers_.resize(rec.containers);
+        doc_.direct_.resize(rec.direct);
+        for (auto& k : key_cache_)
+            if (k.id >= W) k = KeyField{};
         doc_.nodes_.insert(doc_.nodes_.end(), nodes.begin(), nodes.end());
         for (auto& x : strings) doc_.strings_.push_back(std::move(x));
         for (auto& x : containers) doc_.containers_.push_back(std::move(x));
@@ -767,6 +969,15 @@ private:
     std::size_t memo_count_ = 0;
     std::size_t payload_ = 0;     // string bytes and container items (4 bytes each) held
     std::uint32_t growths_ = 0;   // check_bytes() calls
+    bool direct_on_ = false;
+    // Which field of a trace entry a key string node names (-1: none), for
+    // the few key nodes a trace uses; ids freed by a release are dropped.
+    struct KeyField {
+        Id id = kNoMemo;
+        int field = -1;
+    };
+    std::array<KeyField, 8> key_cache_{};
+    std::size_t key_next_ = 0;
     Document doc_;
 };
 

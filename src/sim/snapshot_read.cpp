@@ -434,6 +434,17 @@ public:
         for (const V& e : items) {
             const auto i = out_.streamed_entries[d];
             const Path ep{&p, {}, i};
+            if constexpr (std::is_same_v<V, PRef>) {
+                // An entry the pickle parser read directly (pickle.hpp).
+                if (const auto* dd = e.d->direct(e.id)) {
+                    using DD = pickle::Document::DirectDict;
+                    const PRef frames{e.d, dd->frames};
+                    emit(d, i,
+                         entry_fields(e.d->as_string(dd->action), dd->addr, dd->size, dd->stream, dd->time_us, dd->device_free,
+                                      (dd->has & DD::kHasFrames) ? &frames : nullptr, ep));
+                    continue;
+                }
+            }
             emit(d, i, read_entry(require_dict(e, ep), ep));
         }
         cache_frames_ = true;
@@ -448,19 +459,26 @@ public:
         const Path p{&dp, {}, static_cast<std::int64_t>(d)};
         const auto i = out_.streamed_entries[d];
         const Path ep{&p, {}, i};
-        SnapshotTraceEntry te;
-        te.action = parse_action(f.action);
-        te.addr = f.addr;
-        te.size = Bytes(account(f.size, ep));
-        te.stream = f.stream;
-        te.time_us = f.time_us;
-        te.device_free = Bytes(account(f.device_free, ep));
-        if (f.has_frames) {
-            cache_frames_ = false;  // (as entries() reads FRef entries)
-            te.frame = top_frame(f.frames, Path{&ep, "frames"});
-            cache_frames_ = true;
-        }
+        cache_frames_ = false;  // (as entries() reads FRef entries)
+        const SnapshotTraceEntry te = entry_fields(f.action, f.addr, f.size, f.stream, f.time_us, f.device_free,
+                                                   f.has_frames ? &f.frames : nullptr, ep);
+        cache_frames_ = true;
         emit(d, i, te);
+    }
+    // read_entry's result for an entry whose present fields are all valid
+    // (absent ones 0, no frames: nullptr), its sizes counted in its order.
+    template <class F>
+    SnapshotTraceEntry entry_fields(std::string_view action, std::int64_t addr, std::int64_t size, std::int64_t stream,
+                                    std::int64_t time_us, std::int64_t device_free, const F* frames, const Path& ep) {
+        SnapshotTraceEntry te;
+        te.action = parse_action(action);
+        te.addr = addr;
+        te.size = Bytes(account(size, ep));
+        te.stream = stream;
+        te.time_us = time_us;
+        te.device_free = Bytes(account(device_free, ep));
+        if (frames) te.frame = top_frame(*frames, Path{&ep, "frames"});
+        return te;
     }
     std::optional<std::int64_t> frames_summary(std::uint64_t ident) const {
         const auto it = frame_cache_.find(ident);
@@ -1665,22 +1683,37 @@ Snapshot parse_pickle(std::string_view data, const std::string& origin, TraceEnt
     snap.origin = origin;
     snap.format = "pickle";
     if (sink) {
-        // Streaming: trace entries are read as they are parsed and freed.
-        Reader<PRef> reader(snap, 0);
-        PickleEntries entries(reader, sink, progress);
-        pickle::StreamSpec spec;
-        spec.key = "device_traces";
-        spec.sink = &entries;
-        auto doc = pickle::parse(data, origin, {}, spec);
-        if (!doc) throw InputError(doc.error());
-        const pickle::Document& d = doc.value();
-        const bool same = !spec.claimed || (d.root() == spec.root && d.find(d.root(), "device_traces") == spec.list);
-        if (same) {
+        // Streaming: trace entries are read as they are parsed and freed;
+        // read again without the direct entries when they were used as
+        // anything else (pickle::DirectFallback: never in a torch dump).
+        auto stream = [&](bool direct) {
+            snap = Snapshot{};
+            snap.origin = origin;
+            snap.format = "pickle";
+            Reader<PRef> reader(snap, 0);
+            PickleEntries entries(reader, sink, progress);
+            pickle::StreamSpec spec;
+            spec.key = "device_traces";
+            spec.sink = &entries;
+            spec.direct = direct;
+            auto doc = pickle::parse(data, origin, {}, spec);
+            if (!doc) throw InputError(doc.error());
+            const pickle::Document& d = doc.value();
+            const bool same = !spec.claimed || (d.root() == spec.root && d.find(d.root(), "device_traces") == spec.list);
+            if (!same) return false;
             snap.pickle_protocol = d.protocol();
             reader.stream_to(sink, &d);
             reader.read_root(PRef{&d, d.root()});
-            return snap;
+            return true;
+        };
+        bool read = false;
+        try {
+            read = stream(true);
+        } catch (const pickle::DirectFallback&) {
+            sink->restart();
+            read = stream(false);
         }
+        if (read) return snap;
         // The entries went under a device_traces list that is not the
         // document's in the end (a repeated key): read it whole instead.
         sink->restart();

@@ -37,6 +37,20 @@
 // dict itself becomes unreachable (a GET of it is an error). Memory then grows
 // with the memo and the rest of the file, not with the claimed items.
 //
+// Streamed trace entries of the common shape are read without building them
+// (StreamSpec::direct): a dict appended in a batch to a claimed list, made by
+// EMPTY_DICT [MEMOIZE|BINPUT|LONG_BINPUT] MARK (key value)* SETITEMS whose
+// keys are memo references to the strings "action", "addr", "size",
+// "stream", "time_us", "device_free" or "frames" (each at most once) and
+// whose values are memo references or integers of at most 64 bits, becomes a
+// Dict node without items that carries the decoded fields
+// (Document::direct); the sink reads those. Everything else a parse does is
+// unchanged (the memo, the limits, the node count the sink's budget follows).
+// Should such a dict be used as anything but a claimed entry (an item of
+// another container, the target of SETITEM, the root, a memo value that
+// outlives its batch), parse throws DirectFallback and the caller reads the
+// file again without the shortcut.
+//
 // Limits keep memory bounded: every length is checked against the remaining
 // bytes, each opcode creates at most one node, nesting deeper than
 // Limits::max_depth is an error, and the memory held at any time (document,
@@ -73,6 +87,16 @@ struct Limits {
 class Document {
 public:
     using Id = std::uint32_t;
+    // A streamed trace entry read directly (see above): its fields, present
+    // where `has` says (kHasAction, ...); action and frames are nodes.
+    struct DirectDict {
+        static constexpr std::uint8_t kHasAction = 1, kHasAddr = 2, kHasSize = 4, kHasStream = 8, kHasTime = 16,
+                                      kHasFree = 32, kHasFrames = 64;
+        std::int64_t addr = 0, size = 0, stream = 0, time_us = 0, device_free = 0;
+        Id action = 0, frames = 0;
+        std::uint8_t has = 0;
+        std::uint8_t fields = 0;  // how many are present
+    };
 
     [[nodiscard]] Id root() const { return root_; }
     [[nodiscard]] int protocol() const { return protocol_; }  // 0 when no PROTO opcode
@@ -83,6 +107,11 @@ public:
     [[nodiscard]] std::optional<std::int64_t> summary(Id id) const {
         if (nodes_[id].flags & kSummary) return nodes_[id].payload;
         return std::nullopt;
+    }
+
+    // A streamed trace entry read directly, or nullptr.
+    [[nodiscard]] const DirectDict* direct(Id id) const {
+        return (nodes_[id].flags & kDirect) ? &direct_[static_cast<std::size_t>(nodes_[id].payload)] : nullptr;
     }
 
     [[nodiscard]] Kind kind(Id id) const { return nodes_[id].kind; }
@@ -104,6 +133,7 @@ private:
     friend class Parser;
     static constexpr std::uint32_t kNoItems = 0xffffffffu;  // Node::ref of a container with no items yet
     static constexpr std::uint8_t kSummary = 1;              // Node::flags: payload is a ListSink summary
+    static constexpr std::uint8_t kDirect = 2;               // Node::flags: payload indexes direct_
     struct Node {
         Kind kind = Kind::None;
         std::uint8_t flags = 0;
@@ -114,6 +144,7 @@ private:
     std::vector<Node> nodes_;
     std::vector<std::string> strings_;
     std::vector<std::vector<Id>> containers_;
+    std::vector<DirectDict> direct_;
     Id root_ = 0;
     int protocol_ = 0;
     std::size_t created_ = 0;
@@ -144,7 +175,12 @@ struct StreamSpec {
     // the final document holds that list at root[key]).
     bool claimed = false;
     Document::Id root = 0, list = 0;
+    // Read trace entries of the common shape directly (see above).
+    bool direct = true;
 };
+
+// Thrown by parse when a directly read entry is used otherwise (see above).
+struct DirectFallback {};
 
 // Parses one pickle from `data`. `origin` (a file name) starts every error
 // message: "snapshot.pickle: unsupported pickle opcode GLOBAL at byte 2: ...".
