@@ -705,25 +705,26 @@ private:
         for (std::size_t i = 0; i < k; ++i) v |= static_cast<std::uint64_t>(byte_at(q + i)) << (8 * i);
         return v;
     }
-    // The node a BINGET or LONG_BINGET at q refers to (q moves past it); none
-    // for any other opcode, a key never stored or a consumed entry.
-    std::optional<Id> direct_get(std::size_t& q) {
+    // The node a BINGET or LONG_BINGET at q refers to (q moves past it);
+    // kNoMemo for any other opcode, a key never stored or a consumed entry.
+    // (Not an optional: returned through the stack, its two parts stalled
+    // the load that read them back, a tenth of reading a pickled trace.)
+    Id direct_get(std::size_t& q) {
         const std::size_t n = data_.size();
         std::uint64_t key = 0;
         if (byte_at(q) == BINGET) {
-            if (n - q < 2) return std::nullopt;
+            if (n - q < 2) return kNoMemo;
             key = byte_at(q + 1);
             q += 2;
         } else if (byte_at(q) == LONG_BINGET) {
-            if (n - q < 5) return std::nullopt;
+            if (n - q < 5) return kNoMemo;
             key = le_at(q + 1, 4);
             q += 5;
         } else {
-            return std::nullopt;
+            return kNoMemo;
         }
         const Id* v = memo_slot(key);
-        if (!v || *v >= kConsumed) return std::nullopt;
-        return *v;
+        return !v || *v >= kConsumed ? kNoMemo : *v;
     }
     // An integer opcode at q as run() reads it (BININT, BININT1, BININT2,
     // LONG1 of at most 8 bytes); q moves past it.
@@ -802,40 +803,41 @@ private:
                 ++q;
                 break;
             }
-            const auto k = direct_get(q);
-            if (!k || doc_.nodes_[*k].kind != Kind::String) return false;
-            const int f = key_field(*k);
+            const Id k = direct_get(q);
+            if (k == kNoMemo || doc_.nodes_[k].kind != Kind::String) return false;
+            const int f = key_field(k);
             if (f < 0 || ((d.has >> f) & 1u) || q >= n) return false;
             std::int64_t iv = 0;
-            std::optional<Id> v;
+            Id v = kNoMemo;  // a memo reference's node, or kNoMemo for an integer
             if (direct_int(q, iv)) {
                 ++ints;
-            } else if (!(v = direct_get(q)) || (doc_.nodes_[*v].flags & Document::kDirect)) {
+            } else if ((v = direct_get(q)) == kNoMemo || (doc_.nodes_[v].flags & Document::kDirect)) {
                 return false;
             }
+            const bool node = v != kNoMemo;
             switch (f) {
                 case kAction:
-                    if (!v || doc_.nodes_[*v].kind != Kind::String) return false;
-                    d.action = *v;
+                    if (!node || doc_.nodes_[v].kind != Kind::String) return false;
+                    d.action = v;
                     break;
                 case kFrames:
-                    if (!v) return false;
-                    d.frames = *v;
+                    if (!node) return false;
+                    d.frames = v;
                     break;
                 case kAddr:
                 case kSize:
                 case kFree:
-                    if (v || iv < 0) return false;
+                    if (node || iv < 0) return false;
                     (f == kAddr ? d.addr : f == kSize ? d.size : d.device_free) = iv;
                     break;
                 default:  // kStream, kTime
-                    if (v) return false;
+                    if (node) return false;
                     (f == kStream ? d.stream : d.time_us) = iv;
                     break;
             }
             d.has = static_cast<std::uint8_t>(d.has | (1u << f));
             ++d.fields;
-            height = std::max(height, (v ? doc_.nodes_[*v].height : 0) + 1);
+            height = std::max(height, (node ? doc_.nodes_[v].height : 0) + 1);
         }
         if (!(d.has & Document::DirectDict::kHasAction) || height > lim_.max_depth || direct_items(d) > lim_.max_container ||
             doc_.created_ + ints + 1 >= lim_.max_nodes)
