@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <optional>
-#include <string_view>
 #include <charconv>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string_view>
 #include <unordered_map>
 
 namespace gpumem::sim::pickle {
