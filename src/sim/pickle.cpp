@@ -773,7 +773,10 @@ private:
         if (m0.stack != 1 || stack_[0] != stream_->root || batch.stack < 1) return false;
         if (m1.stack < m0.stack + 2 || (m1.stack - 1 - m0.stack) % 2 != 1 || stack_[m1.stack - 1] != stream_->list) return false;
         const Id key = stack_[m1.stack - 2];
-        if (doc_.nodes_[key].kind != Kind::String || doc_.as_string(key) != stream_->key) return false;
+        if (key != direct_key_) {
+            if (doc_.nodes_[key].kind != Kind::String || doc_.as_string(key) != stream_->key) return false;
+            direct_key_ = key;  // (compared once: every entry of a trace sits under it)
+        }
         const std::size_t p = batch.stack - 1;
         if (p < m1.stack) return false;
         const Node& ln = doc_.nodes_[stack_[p]];
@@ -949,6 +952,7 @@ private:
         doc_.direct_.resize(rec.direct);
         for (auto& k : key_cache_)
             if (k.id >= W) k = KeyField{};
+        if (direct_key_ >= W) direct_key_ = kNoMemo;
         doc_.nodes_.insert(doc_.nodes_.end(), nodes.begin(), nodes.end());
         for (auto& x : strings) doc_.strings_.push_back(std::move(x));
         for (auto& x : containers) doc_.containers_.push_back(std::move(x));
@@ -979,6 +983,7 @@ private:
         int field = -1;
     };
     std::array<KeyField, 8> key_cache_{};
+    Id direct_key_ = kNoMemo;  // the string node found to be StreamSpec::key
     std::size_t key_next_ = 0;
     Document doc_;
 };

@@ -5,6 +5,7 @@
 #include "gpumem/sim/snapshot.hpp"
 
 #include <algorithm>
+#include <array>
 #include <new>
 #include <unordered_map>
 
@@ -81,6 +82,7 @@ public:
             stream_index_.emplace(e.stream, si);
         }
         last_stream_ = si;
+        ++action_counts_[static_cast<std::size_t>(e.action)];
         chunks_.back()[size_ % kPerChunk] =
             Packed{e.action == TraceAction::Oom ? e.device_free.count() : e.addr, e.size.count(),
                    si | (static_cast<std::uint32_t>(e.action) << kStreamBits), e.frame};
@@ -88,6 +90,8 @@ public:
     }
     [[nodiscard]] std::size_t size() const { return size_; }
     [[nodiscard]] bool empty() const { return size_ == 0; }
+    // Entries kept of each action (TraceAction's values as indexes).
+    [[nodiscard]] std::int64_t count(TraceAction a) const { return action_counts_[static_cast<std::size_t>(a)]; }
     // Hands back the chunks wholly before entry `i`: they are not read again.
     void release_before(std::size_t i) {
         for (; released_ < i / kPerChunk && released_ < chunks_.size(); ++released_) {
@@ -104,6 +108,7 @@ public:
         streams_.clear();
         stream_index_.clear();
         last_stream_ = 0;
+        action_counts_ = {};
     }
 
     class const_iterator {
@@ -146,6 +151,7 @@ private:
     std::vector<std::int64_t> streams_;  // by index
     std::unordered_map<std::int64_t, std::uint32_t> stream_index_;
     std::uint32_t last_stream_ = 0;
+    std::array<std::int64_t, static_cast<std::size_t>(TraceAction::Other) + 1> action_counts_{};
 };
 // The conversion read the entries before `i` for the last time.
 template <class E>
@@ -218,20 +224,32 @@ private:
 
 // `entries`: the device's trace (a vector, or the entries a streamed read
 // keeps, handed back as the last pass reads them).
+// How many entries of each action a trace holds (a pass over a vector; a
+// streamed read counted them as it kept them).
+struct ActionCounts {
+    std::int64_t allocs = 0, completes = 0, requests = 0, segment_frees = 0;
+};
+ActionCounts count_actions(const std::vector<SnapshotTraceEntry>& entries) {
+    ActionCounts c;
+    for (const auto& e : entries) {
+        c.allocs += e.action == TraceAction::Alloc;
+        c.completes += e.action == TraceAction::FreeCompleted;
+        c.requests += e.action == TraceAction::FreeRequested;
+        c.segment_frees += e.action == TraceAction::SegmentFree || e.action == TraceAction::SegmentUnmap;
+    }
+    return c;
+}
+ActionCounts count_actions(const KeptEntries& entries) {
+    return {entries.count(TraceAction::Alloc), entries.count(TraceAction::FreeCompleted), entries.count(TraceAction::FreeRequested),
+            entries.count(TraceAction::SegmentFree) + entries.count(TraceAction::SegmentUnmap)};
+}
+
 template <class Entries>
 void from_device_trace(const Snapshot& s, Entries& entries, int device, TraceConversion& out) {
     auto& info = out.info;
     info.source = "device_traces";
-    bool completed = false, requested = false;
-    std::int64_t segment_frees = 0, allocs = 0, completes = 0, requests = 0;
-    for (const auto& e : entries) {
-        completed = completed || e.action == TraceAction::FreeCompleted;
-        requested = requested || e.action == TraceAction::FreeRequested;
-        allocs += e.action == TraceAction::Alloc;
-        completes += e.action == TraceAction::FreeCompleted;
-        requests += e.action == TraceAction::FreeRequested;
-        if (e.action == TraceAction::SegmentFree || e.action == TraceAction::SegmentUnmap) ++segment_frees;
-    }
+    const auto [allocs, completes, requests, segment_frees] = count_actions(entries);
+    const bool completed = completes > 0, requested = requests > 0;
     const TraceAction free_action = completed ? TraceAction::FreeCompleted : TraceAction::FreeRequested;
     info.free_action = completed || requested ? trace_action_name(free_action) : "";
 
