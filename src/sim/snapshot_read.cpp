@@ -7,6 +7,7 @@
 #include "gpumem/sim/snapshot.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cstring>
@@ -440,7 +441,7 @@ public:
                     using DD = pickle::Document::DirectDict;
                     const PRef frames{e.d, dd->frames};
                     emit(d, i,
-                         entry_fields(e.d->as_string(dd->action), dd->addr, dd->size, dd->stream, dd->time_us, dd->device_free,
+                         entry_fields(action_of(e.d, dd->action), dd->addr, dd->size, dd->stream, dd->time_us, dd->device_free,
                                       (dd->has & DD::kHasFrames) ? &frames : nullptr, ep));
                     continue;
                 }
@@ -460,7 +461,7 @@ public:
         const auto i = out_.streamed_entries[d];
         const Path ep{&p, {}, i};
         cache_frames_ = false;  // (as entries() reads FRef entries)
-        const SnapshotTraceEntry te = entry_fields(f.action, f.addr, f.size, f.stream, f.time_us, f.device_free,
+        const SnapshotTraceEntry te = entry_fields(parse_action(f.action), f.addr, f.size, f.stream, f.time_us, f.device_free,
                                                    f.has_frames ? &f.frames : nullptr, ep);
         cache_frames_ = true;
         emit(d, i, te);
@@ -468,10 +469,10 @@ public:
     // read_entry's result for an entry whose present fields are all valid
     // (absent ones 0, no frames: nullptr), its sizes counted in its order.
     template <class F>
-    SnapshotTraceEntry entry_fields(std::string_view action, std::int64_t addr, std::int64_t size, std::int64_t stream,
+    SnapshotTraceEntry entry_fields(TraceAction action, std::int64_t addr, std::int64_t size, std::int64_t stream,
                                     std::int64_t time_us, std::int64_t device_free, const F* frames, const Path& ep) {
         SnapshotTraceEntry te;
-        te.action = parse_action(action);
+        te.action = action;
         te.addr = addr;
         te.size = Bytes(account(size, ep));
         te.stream = stream;
@@ -491,6 +492,8 @@ public:
             if (it->first >= from) it = frame_cache_.erase(it);
             else ++it;
         }
+        for (auto& a : action_cache_)
+            if (a.first >= from) a = {kNoNode, TraceAction::Other};
     }
 
     void read_root(R root) {
@@ -670,6 +673,19 @@ private:
         vremember(frames, idx);
         return idx;
     }
+    // The action a pickled string node names: a trace repeats a handful of
+    // memoized action strings, each compared once while its node lives.
+    TraceAction action_of(const pickle::Document* doc, pickle::Document::Id id) {
+        for (const auto& a : action_cache_)
+            if (a.first == id) return a.second;
+        const TraceAction act = parse_action(doc->as_string(id));
+        action_cache_[action_next_++ % action_cache_.size()] = {id, act};
+        return act;
+    }
+    static constexpr std::uint64_t kNoNode = std::numeric_limits<std::uint64_t>::max();
+    std::array<std::pair<std::uint64_t, TraceAction>, 4> action_cache_{
+        {{kNoNode, TraceAction::Other}, {kNoNode, TraceAction::Other}, {kNoNode, TraceAction::Other}, {kNoNode, TraceAction::Other}}};
+    std::size_t action_next_ = 0;
     // A frame as written (file name, line, function name) and what reading
     // it gives: the cleaned text, whether it names nothing, whether it is a
     // Python file's, and its index once interned. Real traces repeat a few

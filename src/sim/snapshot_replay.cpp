@@ -64,7 +64,7 @@ public:
     void push_back(const SnapshotTraceEntry& e) {
         if (size_ % kPerChunk == 0) {
             if (chunks_.size() == chunks_.capacity()) chunks_.reserve(2 * chunks_.size() + 8);  // (no throw after the map)
-            void* p = ::mmap(nullptr, kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            void* p = ::mmap(nullptr, kChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
             if (p == MAP_FAILED) throw std::bad_alloc();
             chunks_.push_back(static_cast<Packed*>(p));
         }
