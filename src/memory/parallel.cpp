@@ -46,6 +46,14 @@ Bytes scale_bytes(Bytes b, double f) { return Bytes(static_cast<std::int64_t>(st
 struct RankStates {
     Bytes W, G, M, O, P, F8, round_states, round_grads, inbwd_first, inbwd_tmp, inbwd_head;
     std::int64_t opt_elems = 0, largest_opt = 0, params = 0;
+    // Where a tensor's optimizer-in-backward step is in flight, by its block:
+    // the embedding (first block), a transformer's output layer (last block)
+    // or the layers.
+    Bytes& inbwd_slot(const ModelGraph& g, std::int32_t block) {
+        if (block == 0) return inbwd_first;
+        if (g.transformer && block >= 0 && static_cast<std::size_t>(block) + 1 == g.blocks.size()) return inbwd_head;
+        return inbwd_tmp;
+    }
 };
 
 // How the job's layout holds the states: gradients sharded over dp
@@ -69,14 +77,7 @@ RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<Ra
     const std::int64_t t = std::max<std::int64_t>(1, job.layout.cfg.tp);
     // (Plain references: clang before 16 cannot capture structured bindings in the lambda below.)
     Bytes &W = st.W, &G = st.G, &M = st.M, &O = st.O, &P = st.P, &F8 = st.F8, &round_states = st.round_states, &round_grads = st.round_grads;
-    Bytes &inbwd_first = st.inbwd_first, &inbwd_tmp = st.inbwd_tmp, &inbwd_head = st.inbwd_head;
     std::int64_t &opt_elems = st.opt_elems, &largest_opt = st.largest_opt, &params = st.params;
-    const bool td = g.transformer.has_value();
-    auto inbwd_slot = [&](std::int32_t block) -> Bytes& {
-        if (block == 0) return inbwd_first;
-        if (td && block >= 0 && static_cast<std::size_t>(block) + 1 == g.blocks.size()) return inbwd_head;
-        return inbwd_tmp;
-    };
     auto rounding = [](Bytes each, std::int64_t n) { return (allocator_block(each) - each) * n; };
     for (const auto& rt : tensors) {
         W += rt.stored * rt.copies;
@@ -102,7 +103,7 @@ RankStates rank_states(const ModelGraph& g, const Job& job, const std::vector<Ra
         // One tensor's gradient and update in flight (unsharded gradients:
         // its own; sharded: per layer below).
         if (inbwd && !shard_grads) {
-            Bytes& slot = inbwd_slot(rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
+            Bytes& slot = st.inbwd_slot(g, rt.tied_copy ? static_cast<std::int32_t>(g.blocks.size()) - 1 : rt.block);
             slot = max(slot, in_backward_step(job, tt, dtype_bytes(job.tdt, ge), job.amp && job.tdt == DType::F32));
         }
         opt_elems = checked_add(opt_elems, checked_mul(oe, rt.copies));
@@ -418,11 +419,6 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         const Bytes &W = rs.W, &G = rs.G, &M = rs.M, &O = rs.O, &P = rs.P, &F8 = rs.F8, &round_states = rs.round_states;
         Bytes &round_grads = rs.round_grads, &inbwd_first = rs.inbwd_first, &inbwd_tmp = rs.inbwd_tmp, &inbwd_head = rs.inbwd_head;
         const std::int64_t opt_elems = rs.opt_elems, largest_opt = rs.largest_opt, params = rs.params;
-        auto inbwd_slot = [&](std::int32_t block) -> Bytes& {
-            if (block == 0) return inbwd_first;
-            if (td && block >= 0 && static_cast<std::size_t>(block) + 1 == g.blocks.size()) return inbwd_head;
-            return inbwd_tmp;
-        };
         sm.params = params;
         sm.weights = W;
         sm.gradients = G;
@@ -571,7 +567,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 for (const auto& rt : tensors)
                     if (rt.trainable && rt.block >= 0) {
                         const Bytes slice = grad_of[static_cast<std::size_t>(rt.block)].ceil_div(std::max<std::int64_t>(1, lay.shard));
-                        Bytes& slot = inbwd_slot(rt.block);
+                        Bytes& slot = rs.inbwd_slot(g, rt.block);
                         slot = max(slot, slice + step_temporaries(job, TrainTensor{state_tensor(g, rt, shard_opt, t).shape, 1}));
                     }
             // Gradients each model chunk holds once it has run a backward.

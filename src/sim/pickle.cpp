@@ -661,20 +661,9 @@ private:
     // (`rec` its MARK) the nodes made since the MARK are freed.
     bool claim(std::span<const Id> items, std::size_t p, const MarkRec* rec) {
         if (!stream_ || items.empty() || marks_.size() < 2) return false;
-        const Id list = stack_[p];
-        const Node& ln = doc_.nodes_[list];
-        if (ln.kind != Kind::List || ln.ref != Document::kNoItems || ln.flags) return false;
-        const MarkRec& m0 = marks_[marks_.size() - 2];
         const MarkRec& m1 = marks_.back();
-        if (m0.stack != 1 || doc_.nodes_[stack_[0]].kind != Kind::Dict) return false;
-        if (m1.stack < m0.stack + 2 || (m1.stack - 1 - m0.stack) % 2 != 1) return false;
-        const Id outer = stack_[m1.stack - 1];
-        const Id key = stack_[m1.stack - 2];
-        if (doc_.nodes_[outer].kind != Kind::List || doc_.nodes_[key].kind != Kind::String ||
-            doc_.as_string(key) != stream_->key)
-            return false;
-        if (p < m1.stack) return false;
-        if (stream_->claimed && (stream_->root != stack_[0] || stream_->list != outer)) return false;
+        Id outer = 0;
+        if (!stream_list_at(p, marks_[marks_.size() - 2], m1, outer)) return false;
         stream_->claimed = true;
         stream_->root = stack_[0];
         stream_->list = outer;
@@ -684,10 +673,34 @@ private:
         return true;
     }
 
+    // Whether stack_[p] is a list that claim() hands to the sink: a list of
+    // the top-level dict's StreamSpec::key list (the one claimed before, if
+    // any) with no items of its own, m0 the MARK of the root dict's items and
+    // m1 the MARK of the list of lists' items; `outer` gets that list.
+    bool stream_list_at(std::size_t p, const MarkRec& m0, const MarkRec& m1, Id& outer) {
+        const Node& ln = doc_.nodes_[stack_[p]];
+        if (ln.kind != Kind::List || ln.ref != Document::kNoItems || ln.flags) return false;
+        if (m0.stack != 1 || doc_.nodes_[stack_[0]].kind != Kind::Dict) return false;
+        if (m1.stack < m0.stack + 2 || (m1.stack - 1 - m0.stack) % 2 != 1 || p < m1.stack) return false;
+        outer = stack_[m1.stack - 1];
+        if (doc_.nodes_[outer].kind != Kind::List) return false;
+        const Id key = stack_[m1.stack - 2];
+        if (key != stream_key_) {
+            if (doc_.nodes_[key].kind != Kind::String || doc_.as_string(key) != stream_->key) return false;
+            stream_key_ = key;  // (compared once: every batch of a trace sits under it)
+        }
+        return !stream_->claimed || (stream_->root == stack_[0] && stream_->list == outer);
+    }
+
     // --- trace entries read directly (pickle.hpp: "Streamed trace entries
     // of the common shape") ----------------------------------------------------
     enum Field : int { kAction, kAddr, kSize, kStream, kTime, kFree, kFrames };
-    static std::size_t direct_items(const Document::DirectDict& d) { return 2 * static_cast<std::size_t>(d.fields); }
+    // The items run() would have held for the dict: a key and a value per field.
+    static std::size_t direct_items(const Document::DirectDict& d) {
+        std::size_t n = 0;
+        for (std::uint8_t h = d.has; h; h &= static_cast<std::uint8_t>(h - 1)) ++n;  // (no popcount instruction in the baseline x86-64)
+        return 2 * n;
+    }
     int key_field(Id k) {
         for (const KeyField& c : key_cache_)
             if (c.id == k) return c.field;
@@ -768,19 +781,8 @@ private:
     bool direct_entry() {
         if (!stream_->claimed || marks_.size() < 3 || marks_.size() >= static_cast<std::size_t>(lim_.max_depth)) return false;
         const MarkRec& batch = marks_.back();
-        const MarkRec& m1 = marks_[marks_.size() - 2];
-        const MarkRec& m0 = marks_[marks_.size() - 3];
-        if (m0.stack != 1 || stack_[0] != stream_->root || batch.stack < 1) return false;
-        if (m1.stack < m0.stack + 2 || (m1.stack - 1 - m0.stack) % 2 != 1 || stack_[m1.stack - 1] != stream_->list) return false;
-        const Id key = stack_[m1.stack - 2];
-        if (key != direct_key_) {
-            if (doc_.nodes_[key].kind != Kind::String || doc_.as_string(key) != stream_->key) return false;
-            direct_key_ = key;  // (compared once: every entry of a trace sits under it)
-        }
-        const std::size_t p = batch.stack - 1;
-        if (p < m1.stack) return false;
-        const Node& ln = doc_.nodes_[stack_[p]];
-        if (ln.kind != Kind::List || ln.ref != Document::kNoItems || ln.flags) return false;
+        Id outer = 0;
+        if (batch.stack < 1 || !stream_list_at(batch.stack - 1, marks_[marks_.size() - 3], marks_[marks_.size() - 2], outer)) return false;
 
         const std::size_t n = data_.size();
         std::size_t q = pos_;
@@ -839,7 +841,6 @@ private:
                     break;
             }
             d.has = static_cast<std::uint8_t>(d.has | (1u << f));
-            ++d.fields;
             height = std::max(height, (node ? doc_.nodes_[v].height : 0) + 1);
         }
         if (!(d.has & Document::DirectDict::kHasAction) || height > lim_.max_depth || direct_items(d) > lim_.max_container ||
@@ -952,7 +953,7 @@ private:
         doc_.direct_.resize(rec.direct);
         for (auto& k : key_cache_)
             if (k.id >= W) k = KeyField{};
-        if (direct_key_ >= W) direct_key_ = kNoMemo;
+        if (stream_key_ >= W) stream_key_ = kNoMemo;
         doc_.nodes_.insert(doc_.nodes_.end(), nodes.begin(), nodes.end());
         for (auto& x : strings) doc_.strings_.push_back(std::move(x));
         for (auto& x : containers) doc_.containers_.push_back(std::move(x));
@@ -983,7 +984,7 @@ private:
         int field = -1;
     };
     std::array<KeyField, 8> key_cache_{};
-    Id direct_key_ = kNoMemo;  // the string node found to be StreamSpec::key
+    Id stream_key_ = kNoMemo;  // the string node found to be StreamSpec::key
     std::size_t key_next_ = 0;
     Document doc_;
 };

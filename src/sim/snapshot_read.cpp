@@ -263,8 +263,8 @@ void vfor_each(JRef r, std::size_t limit, F&& f) {
 // of the text (the fast lexer takes only strings without escapes, whose
 // text is their value). Reused from entry to entry.
 //
-// An entry's "frames" list is also read through a memo of its text
-// (FramesMemo): real traces repeat a few thousand call stacks millions of
+// The "frames" list of an entry read directly (FastJson::direct_entry) is
+// also read through a memo of its text (FramesMemo): real traces repeat a few thousand call stacks millions of
 // times, and JSON repeats each as the same bytes. A list whose exact text was
 // read before becomes a node that carries what the Reader made of it (the
 // index of its top frame, vsummary) instead of its items; a new one is read
@@ -379,9 +379,9 @@ void vfor_each_str(FRef r, F&& f) {
 // A JSON trace entry of the common shape, read by FastJson::direct_entry
 // straight into its fields: "action" a string, "addr", "size" and
 // "device_free" integers from 0 to 2^63-1, "stream" and "time_us" integers,
-// "frames" a list (a node of `frames_doc`), each at most once and no other
-// key. Reader::direct_entry makes of it what read_entry makes of the same
-// entry read as a document.
+// "frames" a list (a node of FastJson's entry document), each at most once
+// and no other key (the has_ flags find a repeated one). Reader::entries
+// makes of it what read_entry makes of the same entry read as a document.
 struct DirectEntry {
     std::string_view action;
     std::int64_t addr = 0, size = 0, stream = 0, time_us = 0, device_free = 0;
@@ -422,7 +422,8 @@ public:
         budget_doc_ = doc;
     }
     // A batch of trace entries of device `d` (streaming): document values,
-    // or JSON entries the fast lexer read alone (FRef).
+    // JSON entries the fast lexer read alone (FRef), or JSON entries it read
+    // straight into their fields (DirectEntry, all present ones valid).
     template <class V>
     void entries(std::size_t d, std::span<const V> items) {
         const Path dp{nullptr, "device_traces"};
@@ -431,40 +432,29 @@ public:
         const Path p{&dp, {}, static_cast<std::int64_t>(d)};
         // A JSON entry is built at the same address each time: its frames
         // are never the same list as anything else's (JSON shares nothing).
-        cache_frames_ = !std::is_same_v<V, JRef> && !std::is_same_v<V, FRef>;
+        cache_frames_ = std::is_same_v<V, PRef>;
         for (const V& e : items) {
             const auto i = out_.streamed_entries[d];
             const Path ep{&p, {}, i};
-            if constexpr (std::is_same_v<V, PRef>) {
-                // An entry the pickle parser read directly (pickle.hpp).
-                if (const auto* dd = e.d->direct(e.id)) {
-                    using DD = pickle::Document::DirectDict;
-                    const PRef frames{e.d, dd->frames};
-                    emit(d, i,
-                         entry_fields(action_of(e.d, dd->action), dd->addr, dd->size, dd->stream, dd->time_us, dd->device_free,
-                                      (dd->has & DD::kHasFrames) ? &frames : nullptr, ep));
-                    continue;
+            if constexpr (std::is_same_v<V, DirectEntry>) {
+                emit(d, i, entry_fields(parse_action(e.action), e.addr, e.size, e.stream, e.time_us, e.device_free,
+                                        e.has_frames ? &e.frames : nullptr, ep));
+            } else {
+                if constexpr (std::is_same_v<V, PRef>) {
+                    // An entry the pickle parser read directly (pickle.hpp).
+                    if (const auto* dd = e.d->direct(e.id)) {
+                        using DD = pickle::Document::DirectDict;
+                        const PRef frames{e.d, dd->frames};
+                        emit(d, i,
+                             entry_fields(action_of(e.d, dd->action), dd->addr, dd->size, dd->stream, dd->time_us, dd->device_free,
+                                          (dd->has & DD::kHasFrames) ? &frames : nullptr, ep));
+                        continue;
+                    }
                 }
+                emit(d, i, read_entry(require_dict(e, ep), ep));
             }
-            emit(d, i, read_entry(require_dict(e, ep), ep));
         }
         cache_frames_ = true;
-    }
-    // A trace entry of device `d` that FastJson read straight into its
-    // fields (all present ones valid): read_entry's result for it, its
-    // sizes counted in the same order.
-    void direct_entry(std::size_t d, const DirectEntry& f) {
-        const Path dp{nullptr, "device_traces"};
-        if (d >= 65536) value_error(dp, "more than 65536 devices");
-        if (out_.streamed_entries.size() <= d) out_.streamed_entries.resize(d + 1);
-        const Path p{&dp, {}, static_cast<std::int64_t>(d)};
-        const auto i = out_.streamed_entries[d];
-        const Path ep{&p, {}, i};
-        cache_frames_ = false;  // (as entries() reads FRef entries)
-        const SnapshotTraceEntry te = entry_fields(parse_action(f.action), f.addr, f.size, f.stream, f.time_us, f.device_free,
-                                                   f.has_frames ? &f.frames : nullptr, ep);
-        cache_frames_ = true;
-        emit(d, i, te);
     }
     // read_entry's result for an entry whose present fields are all valid
     // (absent ones 0, no frames: nullptr), its sizes counted in its order.
@@ -976,7 +966,7 @@ public:
     // over that FastJson read alone.
     [[nodiscard]] bool at_entry() const { return !levels_.empty() && levels_.back().role == DeviceList; }
     void entry(FRef e) { r_.entries(device_, std::span<const FRef>(&e, 1)); }
-    void entry(const DirectEntry& e) { r_.direct_entry(device_, e); }
+    void entry(const DirectEntry& e) { r_.entries(device_, std::span<const DirectEntry>(&e, 1)); }
 
     bool null() { return value(json(nullptr)); }
     bool boolean(bool v) { return value(json(v)); }
@@ -1421,7 +1411,6 @@ private:
                         if (p_ >= entry_end_ || *p_ != ':') return false;
                         ++p_;
                         ws();
-                        if (depth == 0 && p_ < entry_end_ && *p_ == '[' && k == "frames") return frames();
                     }
                     return fvalue(depth + 1);
                 });

@@ -267,16 +267,19 @@ void from_device_trace(const Snapshot& s, Entries& entries, int device, TraceCon
     // Both passes below look each entry's address up in a table too large
     // for the cache: the lookup kAhead entries on is started first.
     constexpr int kAhead = 16;
-    auto ahead_of = [&](auto at) {
-        for (int k = 0; k < kAhead && at != entries.end(); ++k) ++at;
-        return at;
+    auto ahead = entries.begin();
+    auto restart_ahead = [&] {
+        ahead = entries.begin();
+        for (int k = 0; k < kAhead && ahead != entries.end(); ++k) ++ahead;
     };
-    auto ahead = ahead_of(entries.begin());
+    auto prefetch_ahead = [&](const auto& table) {
+        if (ahead == entries.end()) return;
+        table.prefetch((*ahead).addr);
+        ++ahead;
+    };
+    restart_ahead();
     for (const auto& e : entries) {
-        if (ahead != entries.end()) {
-            seen.prefetch((*ahead).addr);
-            ++ahead;
-        }
+        prefetch_ahead(seen);
         check_budget();
         if (e.action == TraceAction::Alloc) {
             seen.insert(e.addr, 0);
@@ -309,12 +312,9 @@ void from_device_trace(const Snapshot& s, Entries& entries, int device, TraceCon
         info.seeded_bytes += sd.size;
     }
     std::size_t i = 0;
-    ahead = ahead_of(entries.begin());
+    restart_ahead();
     for (auto at = entries.begin(); at != entries.end(); ++at, ++i) {
-        if (ahead != entries.end()) {
-            live.prefetch((*ahead).addr);
-            ++ahead;
-        }
+        prefetch_ahead(live);
         check_budget();
         release_read(entries, i);
         const auto& e = *at;

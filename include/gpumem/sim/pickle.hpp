@@ -95,7 +95,6 @@ public:
         std::int64_t addr = 0, size = 0, stream = 0, time_us = 0, device_free = 0;
         Id action = 0, frames = 0;
         std::uint8_t has = 0;
-        std::uint8_t fields = 0;  // how many are present
     };
 
     [[nodiscard]] Id root() const { return root_; }
