@@ -72,71 +72,6 @@ struct SizeCmp {
     bool operator()(const Block* a, const Block* b) const;
 };
 
-// Nodes of one size handed out from a free list: every malloc and free of the
-// model inserts into and erases from a pool's free set, and glibc's
-// allocator behind those tree nodes was a tenth of a replay. Nodes go back to
-// the list, never to the system, until the pool is destroyed (as many as the
-// most free blocks held at once).
-class NodePool {
-public:
-    NodePool() = default;
-    NodePool(const NodePool&) = delete;
-    NodePool& operator=(const NodePool&) = delete;
-    ~NodePool() {
-        for (void* c : chunks_) ::operator delete(c);
-    }
-    void* take(std::size_t bytes) {
-        if (size_ == 0) size_ = std::max(bytes, sizeof(void*));
-        if (bytes > size_) return ::operator new(bytes);
-        if (!free_) grow();
-        void* p = free_;
-        free_ = *static_cast<void**>(p);
-        return p;
-    }
-    void give(void* p, std::size_t bytes) {
-        if (bytes > size_) {
-            ::operator delete(p);
-            return;
-        }
-        *static_cast<void**>(p) = free_;
-        free_ = p;
-    }
-
-private:
-    void grow() {
-        const std::size_t n = chunk_nodes_;
-        chunk_nodes_ = std::min<std::size_t>(chunk_nodes_ * 2, 4096);
-        const std::size_t stride = (size_ + alignof(std::max_align_t) - 1) / alignof(std::max_align_t) * alignof(std::max_align_t);
-        char* c = static_cast<char*>(::operator new(n * stride));
-        chunks_.push_back(c);
-        for (std::size_t i = n; i-- > 0;) give(c + i * stride, size_);
-    }
-    void* free_ = nullptr;
-    std::size_t size_ = 0;
-    std::size_t chunk_nodes_ = 64;
-    std::vector<void*> chunks_;
-};
-
-template <class T>
-struct PoolAlloc {
-    using value_type = T;
-    NodePool* pool;
-    explicit PoolAlloc(NodePool* p) : pool(p) {}
-    template <class U>
-    PoolAlloc(const PoolAlloc<U>& o) : pool(o.pool) {}  // NOLINT: rebinding
-    T* allocate(std::size_t n) {
-        return static_cast<T*>(n == 1 ? pool->take(sizeof(T)) : ::operator new(n * sizeof(T)));
-    }
-    void deallocate(T* p, std::size_t n) {
-        if (n == 1) pool->give(p, sizeof(T));
-        else ::operator delete(p);
-    }
-    template <class U>
-    bool operator==(const PoolAlloc<U>& o) const { return pool == o.pool; }
-};
-
-using FreeSet = std::set<Block*, SizeCmp, PoolAlloc<Block*>>;
-
 struct Block {
     std::int64_t addr = 0;
     std::int64_t size = 0;
@@ -152,8 +87,7 @@ struct Block {
     bool allocated = false;
     bool mapped = true;          // false only for unmapped ranges of expandable segments
     bool live = false;           // slot in use
-    bool in_free = false;        // in its pool's free set, at free_pos
-    FreeSet::iterator free_pos{};
+    bool in_free = false;        // in its pool's free set
 
     [[nodiscard]] bool is_split() const { return prev != nullptr || next != nullptr; }
 };
@@ -171,44 +105,159 @@ struct AddrCmp {
     }
 };
 
-// The free, mapped blocks of a pool in best-fit order, with a count of their
-// sizes outside CUDA graph private pools so that the largest free block (what
-// an OOM message and every new peak of a replay report) is O(log n), not a walk
-// over the streams of a snapshot with thousands of them.
+// The free, mapped blocks of a pool in best-fit order (BlockComparatorSize:
+// stream, size, address), with a count of their sizes outside CUDA graph
+// private pools so that the largest free block (what an OOM message and every
+// new peak of a replay report) is O(log n), not a walk over the streams of a
+// snapshot with thousands of them.
+//
+// The order is the source's std::set<Block*>; the structure is not. Every
+// malloc searches this set and most mallocs and frees change it, and a
+// step's pools hold hundreds of free blocks (856 in the small pool of
+// `gpumem estimate llama-3-8b`): a red-black tree of pointers, compared
+// through the blocks, was a third of a simulation (a cache miss per level).
+// Here the keys sit inline in short sorted runs ("buckets" of at most kCap
+// entries), found by a binary search over each run's last key: a search
+// touches a few contiguous lines, an insert or erase moves at most kCap
+// entries of one run. A run that fills splits in two; one that empties goes;
+// one under a quarter full merges with a neighbour that has room, so there
+// are at most about 4n/kCap + 1 runs.
 class FreeBlocks {
+    struct Key {
+        std::int64_t size;
+        std::int64_t addr;
+        std::int32_t stream;
+    };
+    struct Entry {
+        Key k;
+        Block* b;
+    };
+    static constexpr std::uint32_t kCap = 32;
+    struct Bucket {
+        std::uint32_t n = 0;
+        Entry e[kCap];
+    };
+    static Key key_of(const Block* b) { return Key{b->size, b->addr, b->stream}; }
+    static bool less(const Key& a, const Key& b) {
+        if (a.stream != b.stream) return a.stream < b.stream;
+        if (a.size != b.size) return a.size < b.size;
+        return a.addr < b.addr;
+    }
+
 public:
-    using Set = FreeSet;
-    // The set's nodes live in nodes_: neither copied nor moved (a moved-onto
-    // set would give its old nodes back to a pool already replaced).
     FreeBlocks() = default;
     FreeBlocks(const FreeBlocks&) = delete;
     FreeBlocks& operator=(const FreeBlocks&) = delete;
-    using iterator = Set::iterator;
 
-    [[nodiscard]] iterator begin() const { return set_.begin(); }
-    [[nodiscard]] iterator end() const { return set_.end(); }
-    [[nodiscard]] iterator lower_bound(Block* key) const { return set_.lower_bound(key); }
-    [[nodiscard]] iterator find(Block* b) const { return set_.find(b); }
-    [[nodiscard]] std::size_t count(Block* b) const { return set_.count(b); }
-    [[nodiscard]] std::size_t size() const { return set_.size(); }
-    // Each block in the set keeps its position (Block::free_pos): taking one
-    // out needs no search (the lookups were a twentieth of a simulation).
+    // A position: run `bi`, entry `i` (end: bi == runs). Valid until the set
+    // changes (an insert or erase may move entries between runs).
+    class iterator {
+    public:
+        Block* operator*() const { return s_->runs_[bi_]->e[i_].b; }
+        iterator& operator++() {
+            if (++i_ == s_->runs_[bi_]->n) {
+                ++bi_;
+                i_ = 0;
+            }
+            return *this;
+        }
+        iterator& operator--() {
+            if (i_ == 0) i_ = s_->runs_[--bi_]->n;
+            --i_;
+            return *this;
+        }
+        bool operator==(const iterator& o) const { return bi_ == o.bi_ && i_ == o.i_; }
+
+    private:
+        friend class FreeBlocks;
+        iterator(const FreeBlocks* s, std::size_t bi, std::uint32_t i) : s_(s), bi_(bi), i_(i) {}
+        const FreeBlocks* s_;
+        std::size_t bi_;
+        std::uint32_t i_;
+    };
+
+    [[nodiscard]] iterator begin() const { return {this, 0, 0}; }
+    [[nodiscard]] iterator end() const { return {this, runs_.size(), 0}; }
+    // First block not ordered before `key` (std::set::lower_bound).
+    [[nodiscard]] iterator lower_bound(const Block* key) const { return lower_bound(key_of(key)); }
+    // The position of `b`, or end().
+    [[nodiscard]] iterator find(const Block* b) const {
+        const iterator it = lower_bound(key_of(b));
+        return it != end() && *it == b ? it : end();
+    }
+    [[nodiscard]] std::size_t size() const { return size_; }
+    [[nodiscard]] bool empty() const { return size_ == 0; }
+    // The runs hold size() entries in strictly increasing key order, none is
+    // empty, each last key is its run's, and each entry's key is its block's.
+    [[nodiscard]] bool consistent() const {
+        if (runs_.size() != lasts_.size()) return false;
+        std::size_t n = 0;
+        const Key* prev = nullptr;
+        for (std::size_t bi = 0; bi < runs_.size(); ++bi) {
+            const Bucket& r = *runs_[bi];
+            if (r.n == 0 || r.n > kCap) return false;
+            for (std::uint32_t i = 0; i < r.n; ++i) {
+                const Key& k = r.e[i].k;
+                if (prev && !less(*prev, k)) return false;
+                if (less(k, key_of(r.e[i].b)) || less(key_of(r.e[i].b), k) || !r.e[i].b->in_free) return false;
+                prev = &k;
+            }
+            if (less(lasts_[bi], r.e[r.n - 1].k) || less(r.e[r.n - 1].k, lasts_[bi])) return false;
+            n += r.n;
+        }
+        return n == size_;
+    }
+
     void insert(Block* b) {
-        const auto [it, added] = set_.insert(b);
-        if (!added) return;
+        const Key k = key_of(b);
+        if (runs_.empty()) {
+            runs_.push_back(take_run());
+            lasts_.push_back(k);
+        }
+        std::size_t bi = run_for(k);
+        if (bi == runs_.size()) --bi;  // past every key: the last run's end
+        Bucket* r = runs_[bi];
+        std::uint32_t i = pos_in(*r, k);
+        if (i < r->n && !less(k, r->e[i].k)) return;  // an equal key is in the set (std::set::insert)
+        if (r->n == kCap) {
+            split(bi);
+            if (i > kCap / 2) {
+                ++bi;
+                i -= kCap / 2;
+            }
+            r = runs_[bi];
+        }
+        std::move_backward(r->e + i, r->e + r->n, r->e + r->n + 1);
+        r->e[i] = Entry{k, b};
+        if (i == r->n) lasts_[bi] = k;
+        ++r->n;
+        ++size_;
         b->in_free = true;
-        b->free_pos = it;
         if (b->stream != 0) note(b, +1);
     }
-    iterator erase(iterator it) {
+    void erase(iterator it) {
         Block* b = *it;
         if (b->stream != 0) note(b, -1);
         b->in_free = false;
-        return set_.erase(it);
+        Bucket* r = runs_[it.bi_];
+        std::move(r->e + it.i_ + 1, r->e + r->n, r->e + it.i_);
+        --r->n;
+        --size_;
+        if (r->n == 0) {
+            give_run(r);
+            runs_.erase(runs_.begin() + static_cast<std::ptrdiff_t>(it.bi_));
+            lasts_.erase(lasts_.begin() + static_cast<std::ptrdiff_t>(it.bi_));
+            return;
+        }
+        lasts_[it.bi_] = r->e[r->n - 1].k;
+        if (r->n < kCap / 4) merge_around(it.bi_);
     }
     std::size_t erase(Block* b) {
         if (!b->in_free) return 0;
-        erase(b->free_pos);
+        const iterator it = find(b);
+        // A free block's key never changes while it is in the set.
+        if (it == end()) throw std::logic_error("CachingAllocator invariant violated: free block missing from its pool");
+        erase(it);
         return 1;
     }
     // Largest free block of the eager streams (a graph pool's blocks serve no
@@ -218,21 +267,94 @@ public:
     // counting them was a twelfth of a snapshot replay).
     [[nodiscard]] std::int64_t largest_eager() const {
         std::int64_t best = eager_sizes_.empty() ? 0 : eager_sizes_.rbegin()->first;
-        if (!set_.empty() && (*set_.begin())->stream == 0) {
-            Block key;
-            key.stream = 1;
-            key.size = std::numeric_limits<std::int64_t>::min();
-            key.addr = std::numeric_limits<std::int64_t>::min();
-            auto it = set_.lower_bound(&key);
-            best = std::max(best, (*std::prev(it))->size);
+        if (size_ != 0 && runs_.front()->e[0].k.stream == 0) {
+            iterator it = lower_bound(Key{std::numeric_limits<std::int64_t>::min(),
+                                          std::numeric_limits<std::int64_t>::min(), 1});
+            best = std::max(best, (*--it)->size);
         }
         return best;
     }
 
 private:
+    [[nodiscard]] iterator lower_bound(const Key& k) const {
+        const std::size_t bi = run_for(k);
+        if (bi == runs_.size()) return end();
+        return {this, bi, pos_in(*runs_[bi], k)};
+    }
+    // The first run whose last key is not before k (runs_.size(): none).
+    [[nodiscard]] std::size_t run_for(const Key& k) const {
+        std::size_t lo = 0, n = lasts_.size();
+        while (n > 0) {
+            const std::size_t half = n / 2;
+            if (less(lasts_[lo + half], k)) {
+                lo += half + 1;
+                n -= half + 1;
+            } else {
+                n = half;
+            }
+        }
+        return lo;
+    }
+    static std::uint32_t pos_in(const Bucket& r, const Key& k) {
+        std::uint32_t lo = 0, n = r.n;
+        while (n > 0) {
+            const std::uint32_t half = n / 2;
+            if (less(r.e[lo + half].k, k)) {
+                lo += half + 1;
+                n -= half + 1;
+            } else {
+                n = half;
+            }
+        }
+        return lo;
+    }
+    // A full run: its upper half becomes a new run after it.
+    void split(std::size_t bi) {
+        Bucket* r = runs_[bi];
+        Bucket* hi = take_run();
+        std::copy(r->e + kCap / 2, r->e + kCap, hi->e);
+        hi->n = kCap - kCap / 2;
+        r->n = kCap / 2;
+        runs_.insert(runs_.begin() + static_cast<std::ptrdiff_t>(bi) + 1, hi);
+        lasts_.insert(lasts_.begin() + static_cast<std::ptrdiff_t>(bi) + 1, lasts_[bi]);
+        lasts_[bi] = r->e[r->n - 1].k;
+    }
+    // Run bi, under a quarter full, joins a neighbour with room for both.
+    void merge_around(std::size_t bi) {
+        if (bi + 1 < runs_.size() && runs_[bi]->n + runs_[bi + 1]->n <= kCap / 2) {
+            absorb_next(bi);
+        } else if (bi > 0 && runs_[bi - 1]->n + runs_[bi]->n <= kCap / 2) {
+            absorb_next(bi - 1);
+        }
+    }
+    void absorb_next(std::size_t bi) {
+        Bucket* a = runs_[bi];
+        Bucket* b = runs_[bi + 1];
+        std::copy(b->e, b->e + b->n, a->e + a->n);
+        a->n += b->n;
+        lasts_[bi] = lasts_[bi + 1];
+        give_run(b);
+        runs_.erase(runs_.begin() + static_cast<std::ptrdiff_t>(bi) + 1);
+        lasts_.erase(lasts_.begin() + static_cast<std::ptrdiff_t>(bi) + 1);
+    }
+    Bucket* take_run() {
+        if (spare_.empty()) {
+            owned_.push_back(std::make_unique<Bucket>());
+            return owned_.back().get();
+        }
+        Bucket* r = spare_.back();
+        spare_.pop_back();
+        r->n = 0;
+        return r;
+    }
+    void give_run(Bucket* r) { spare_.push_back(r); }
     void note(const Block* b, int delta);
-    NodePool nodes_;  // before set_: outlives it
-    Set set_{SizeCmp{}, PoolAlloc<Block*>(&nodes_)};
+
+    std::vector<Bucket*> runs_;   // in key order
+    std::vector<Key> lasts_;      // each run's last key
+    std::size_t size_ = 0;
+    std::vector<std::unique_ptr<Bucket>> owned_;  // every run made, kept for reuse
+    std::vector<Bucket*> spare_;
     std::map<std::int64_t, std::int64_t> eager_sizes_;  // size -> free blocks of that size (eager streams but 0)
 };
 
@@ -494,10 +616,12 @@ struct CachingAllocator::Impl {
             auto expandable_size = [](const Block* b) {
                 return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
             };
-            auto next = std::next(it);
+            auto next = it;
+            ++next;
             while ((*it)->es && next != pool.blocks.end() && (*next)->stream == p.stream &&
                    expandable_size(*next) < expandable_size(*it)) {
-                it = next++;
+                it = next;
+                ++next;
             }
         }
         // Do not return an oversize block for a request below max_split_size.
@@ -563,20 +687,20 @@ struct CachingAllocator::Impl {
         auto it = pool.blocks.lower_bound(&key);
         if (it == pool.blocks.end() || (*it)->stream != p.stream) {
             if (it == pool.blocks.begin()) return false;
+            // The blocks are picked first, then released (a release moves the
+            // set's entries); the source releases each as it walks down.
             std::int64_t released = 0;
+            std::vector<Block*> picked;
             --it;
             while (released < key.size && (*it)->size >= max_split && (*it)->stream == p.stream) {
                 Block* cur = *it;
                 if (cur->es || cur->is_split()) break;  // the source asserts these never occur here
                 released += cur->size;
-                if (it != pool.blocks.begin()) {
-                    --it;
-                    release_block(cur);
-                } else {
-                    release_block(cur);
-                    break;
-                }
+                picked.push_back(cur);
+                if (it == pool.blocks.begin()) break;
+                --it;
             }
+            for (Block* b : picked) release_block(b);
             if (released < key.size) return false;
         } else {
             if ((*it)->es || (*it)->is_split()) return false;
@@ -588,17 +712,16 @@ struct CachingAllocator::Impl {
     // release_blocks: cudaFree every unsplit cached block of the pool; unmap the
     // wholly free pages of expandable segments (and drop fully unmapped ones).
     void release_blocks(BlockPool& pool) {
-        std::vector<Block*> to_unmap;
-        for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
-            Block* b = *it;
-            ++it;
+        std::vector<Block*> to_unmap, to_release;  // (a release moves the set's entries)
+        for (Block* b : pool.blocks) {
             if (is_private(b->stream)) continue;  // graph_pools_freeable only: the graphs live
             if (b->es) {
                 to_unmap.push_back(b);
             } else if (!b->is_split()) {
-                release_block(b);
+                to_release.push_back(b);
             }
         }
+        for (Block* b : to_release) release_block(b);
         for (Block* b : to_unmap) {
             unmap_block(b);
             if (!b->mapped && !b->is_split()) release_expandable_segment(b);
@@ -637,17 +760,17 @@ struct CachingAllocator::Impl {
         while (reclaimed < target && block_freed && freeable > 0) {
             const double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
             block_freed = false;
-            for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
-                Block* b = *it;
-                ++it;
+            std::vector<Block*> old;  // picked, then released (a release moves the set's entries)
+            for (Block* b : pool.blocks) {
                 if (!b->is_split() && !b->es && !is_private(b->stream) && static_cast<double>(age(b)) >= age_threshold) {
                     block_freed = true;
                     reclaimed += b->size;
                     total_age -= age(b);
                     --freeable;
-                    release_block(b);
+                    old.push_back(b);
                 }
             }
+            for (Block* b : old) release_block(b);
         }
     }
 
@@ -874,7 +997,6 @@ struct CachingAllocator::Impl {
             b.pool = b.pool == &large_blocks ? &c->large_blocks : b.pool == &small_blocks ? &c->small_blocks : nullptr;
             b.es = nullptr;
             b.in_free = false;
-            b.free_pos = {};
         });
         for (const BlockPool* from : {&large_blocks, &small_blocks}) {
             BlockPool& to = from == &large_blocks ? c->large_blocks : c->small_blocks;
@@ -1049,12 +1171,11 @@ struct CachingAllocator::Impl {
                     allocated += b->size;
                     requested += b->requested;
                     ++allocations;
-                    if (b->pool->blocks.count(const_cast<Block*>(b)) || b->in_free) violation("allocated block in a free pool");
+                    if (b->pool->blocks.find(b) != b->pool->blocks.end() || b->in_free) violation("allocated block in a free pool");
                 } else if (b->mapped) {
                     ++free_mapped;
-                    auto it = b->pool->blocks.find(const_cast<Block*>(b));
-                    if (it == b->pool->blocks.end() || *it != b) violation("free block missing from its pool");
-                    if (!b->in_free || b->free_pos != it) violation("free block's position in its pool out of date");
+                    if (b->pool->blocks.find(b) == b->pool->blocks.end()) violation("free block missing from its pool");
+                    if (!b->in_free) violation("free block not flagged as in its pool");
                 } else {
                     ++free_unmapped;
                     auto it = b->pool->unmapped.find(const_cast<Block*>(b));
@@ -1084,6 +1205,8 @@ struct CachingAllocator::Impl {
         }
         if (n_segs != static_cast<std::int64_t>(segs.size())) violation("segment records without blocks");
         if (n_es_objects != static_cast<std::int64_t>(exp_segs.size())) violation("expandable segments without blocks");
+        if (!small_blocks.blocks.consistent() || !large_blocks.blocks.consistent())
+            violation("a pool's free set is out of order or out of date");
         if (free_mapped != small_blocks.blocks.size() + large_blocks.blocks.size())
             violation("pool sets hold blocks that are not free blocks of a segment");
         if (free_unmapped != small_blocks.unmapped.size() + large_blocks.unmapped.size())
