@@ -613,3 +613,88 @@ TEST(SnapshotStream, PickleEntriesReadDirectlyMatchTheDocumentPath) {
     }
     EXPECT_GT(direct_total, 400);
 }
+
+// The conversion's first pass runs beside a streamed read, over each kept
+// chunk (65,536 entries) as it fills (snapshot_replay.cpp KeptEntries): the
+// same report as the whole-document path, which reads the entries after
+// parsing them. Traces of several chunks: a trace that frees with
+// free_completed (the pass's work is used), one that frees with
+// free_requested only (the pass took the wrong free: the conversion reads
+// the entries again), two devices (the pass follows the device kept), and a
+// pickle read twice (an entry given a key afterwards sends the file through
+// the plain parse, which keeps its entries again from the start).
+TEST(SnapshotStream, ConversionFirstPassBesideTheReadingMatchesTheWholeDocumentPath) {
+    TempDir dir;
+    constexpr int kEntries = 150'000;  // per device: two whole chunks and part of a third
+    struct Case {
+        std::string name;
+        const char* free;
+        int devices;
+        int setitem_at;  // an entry given a key afterwards (-1: none)
+    };
+    const std::vector<Case> cases = {
+        {"completed", "free_completed", 1, -1},
+        {"requested", "free_requested", 1, -1},
+        {"two_devices", "free_completed", 2, -1},
+        {"read_twice", "free_completed", 1, 140'000},
+    };
+    for (const auto& c : cases) {
+        PickleOut w;
+        w.open('}');
+        w.str("segments"), w.raw() += ']', w.memoize();
+        w.str("device_traces"), w.open(']');
+        int frames = -1;
+        std::vector<std::int64_t> frees(static_cast<std::size_t>(c.devices), 0);
+        for (int d = 0; d < c.devices; ++d) {
+            w.open(']');
+            for (int i = 0; i < kEntries; ++i) {
+                // 300 frees of addresses never allocated (seeds), then groups
+                // of six: alloc a, b, c; free b, a, c (addresses reused every
+                // 20,000 groups, sizes varied so that blocks split and merge);
+                // the last 100 entries are seeds too (in the last chunk,
+                // handed to the pass when the reading ends).
+                const int g = (i - 300) / 6, k = (i - 300) % 6;
+                std::int64_t addr = 0;
+                const char* action = c.free;
+                if (i < 300 || i >= kEntries - 100) {
+                    addr = std::int64_t{200'000'000'000'000} + 4096 * i + d;
+                } else {
+                    static constexpr int kSlot[6] = {0, 1, 2, 1, 0, 2};
+                    addr = std::int64_t{139'000'000'000'000} + 3 * 4096 * (g % 20'000) + 4096 * kSlot[k];
+                    if (k < 3) action = "alloc";
+                }
+                frees[static_cast<std::size_t>(d)] += action == c.free;
+                w.open('}');
+                w.str("action"), w.str(action);
+                w.str("addr"), w.integer(addr);
+                w.str("size"), w.integer(512 * (1 + (g * 7 + k) % 9) + (i < 300 ? 1 << 20 : 0));
+                w.str("stream"), w.integer(0);
+                w.str("time_us"), w.integer(1'700'000'000'000'000 + i);
+                w.str("frames");
+                if (frames < 0) frames = w.frames("train.py", 3);
+                else w.get(frames);
+                w.raw() += 'u';
+                if (i == c.setitem_at) w.str("late"), w.integer(1), w.raw() += 's';
+                if (i % 1000 == 999) w.raw() += "e(";
+            }
+            w.raw() += 'e';
+        }
+        w.raw() += "eu.";
+        const std::string path = dir.file(c.name + ".pickle");
+        std::ofstream(path, std::ios::binary | std::ios::trunc) << w.raw();
+        SCOPED_TRACE("gpumem snapshot FILE  # FILE: case " + c.name);
+        expect_same_as_whole_document(path);
+        for (int d = 0; d < c.devices; ++d) {
+            SnapshotOptions opt;
+            opt.device = d;
+            expect_same_as_whole_document(path, opt);
+        }
+        auto rep = analyze_snapshot(path, SnapshotOptions{});
+        ASSERT_TRUE(rep.ok()) << rep.error().message;
+        ASSERT_TRUE(rep.value().summary.conversion.has_value());
+        // 400 seeds (device 0's), each freed by the trace's own free action.
+        EXPECT_EQ(rep.value().summary.conversion->seeded, 400);
+        EXPECT_EQ(rep.value().summary.conversion->free_action, c.free);
+        EXPECT_EQ(rep.value().summary.conversion->frees, frees[0]);
+    }
+}
