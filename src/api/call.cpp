@@ -51,11 +51,15 @@ ComputeOptions compute_of(const Request& r) {
     return c;
 }
 
-FullEstimate estimate_answer(const Request& r) {
-    if (r.other.config.is_null()) return take(estimate_with_time(r.job, compute_of(r)));
+// `timeline`: record the simulated timeline (the timeline command, and the
+// CLI's --timeline FILE); no rendering of an estimate shows it otherwise.
+FullEstimate estimate_answer(const Request& r, bool timeline) {
+    SimulateOptions so;
+    so.timeline = timeline;
+    if (r.other.config.is_null()) return take(estimate_with_time(r.job, compute_of(r), so));
     // An uploaded Hugging Face config.json, sent inline (no file access).
     const ModelGraph g = take(load_hf_config_json(r.other.config, "uploaded config.json"));
-    EstimateResult mem = take(r.job.analytic ? estimate(g, r.job) : simulate_estimate(g, r.job));
+    EstimateResult mem = take(r.job.analytic ? estimate(g, r.job) : simulate_estimate(g, r.job, so));
     ComputeResult t = take(compute_time(g, *mem.job, mem, compute_of(r)));
     return FullEstimate{std::move(mem), std::move(t)};
 }
@@ -73,10 +77,11 @@ Answer with(Command c, const Request& r, auto&& result) {
 // One row per command.
 const std::vector<std::pair<Command, Runner>>& commands() {
     static const std::vector<std::pair<Command, Runner>> table = {
-        {Command::Estimate, [](const Request& r, const CallOptions&) { return with(Command::Estimate, r, estimate_answer(r)); }},
+        {Command::Estimate,
+         [](const Request& r, const CallOptions&) { return with(Command::Estimate, r, estimate_answer(r, !r.other.timeline.empty())); }},
         {Command::Timeline,
          [](const Request& r, const CallOptions&) {
-             FullEstimate fe = estimate_answer(r);
+             FullEstimate fe = estimate_answer(r, true);
              if (!fe.memory.simulation)
                  fail(ErrorCode::InvalidArgument, "analytic", "the timeline needs the step simulation (analytic is set, or --params has no graph)");
              return with(Command::Timeline, r, std::move(fe));

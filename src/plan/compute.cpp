@@ -672,6 +672,10 @@ Result<ComputeResult> compute_time(const ModelGraph& g_in, const Job& job, const
 }
 
 Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt) {
+    return estimate_with_time(req, opt, SimulateOptions{});
+}
+
+Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt, const SimulateOptions& sopt) {
     if (!req.params_count && req.model.empty())
         return Error{ErrorCode::InvalidArgument,
                      "no model given: name a preset (gpumem models), a config.json, a model folder, a layer-list JSON, or use --params", "model"};
@@ -680,7 +684,7 @@ Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const Comput
                                    : load_model_shared(req.model, model_options(req));
     if (!shared) return shared.error();
     const ModelGraph& graph = *shared.value();
-    auto mem = simulate_estimate(graph, req);
+    auto mem = simulate_estimate(graph, req, sopt);
     if (!mem) return mem.error();
     // The estimate's job is resolve_job(g, req): not resolved again.
     const auto resolved = estimate_job(graph, &mem.value(), req);

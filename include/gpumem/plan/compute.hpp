@@ -36,6 +36,7 @@
 #include "gpumem/memory/estimate.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/model/graph.hpp"
+#include "gpumem/sim/simulate.hpp"
 
 namespace gpumem {
 
@@ -91,6 +92,9 @@ struct FullEstimate {
     ComputeResult time;
 };
 Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt);
+// The same, with the simulation's settings (e.g. a front end that prints no
+// timeline leaves it out: SimulateOptions::timeline).
+Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt, const SimulateOptions& sopt);
 
 // Compute-only efficiencies of a GPU: the fraction of its dense peak that
 // large GEMMs reach in training (16-bit, or FP8 for --fp8 linears) and that
