@@ -33,6 +33,9 @@ using json = nlohmann::json;
 
 sim::SnapshotOptions snapshot_options(const Request& r) {
     sim::SnapshotOptions so;
+    // No rendering of a snapshot's replay (nor the doctor's) draws its
+    // timeline: not recorded.
+    so.replay.record_timeline = false;
     if (!r.job.alloc_conf.empty()) {
         so.replay.config = take(sim::AllocatorConfig::parse(r.job.alloc_conf));
         so.config_from_snapshot = false;
