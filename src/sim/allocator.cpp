@@ -111,9 +111,12 @@ struct AddrCmp {
 // last key, then within the run; an insert or erase moves at most kCap
 // entries of one run. A run that fills splits in two; one that empties goes;
 // one under a quarter full merges with a neighbour that has room, so there
-// are at most about 4n/kCap + 1 runs. Measured side by side with the tree:
-// BM_Replay1M 90 -> 85 ms, BM_SimLayers/32 1.27 -> 1.20 ms (runs of 16
-// equal to 32; 64 slower; branch-free comparisons slower, 85 -> 112 ms).
+// are at most about 4n/kCap + 1 runs. Measured side by side with the tree
+// (medians of 5): BM_Replay1M 91.5 -> 84.0 ms, BM_SimLayers/32 1.28 -> 1.21
+// ms, a 10M-entry pickle snapshot about 2% faster, but BM_SimDecode/128 6.63
+// -> 7.34 ms (its pools hold about 35 free blocks, where the tree is at its
+// best). Runs of 8 or 16 measured as 32, 64 slower; branch-free comparisons
+// slower (BM_Replay1M 85 -> 112 ms).
 class FreeBlocks {
     struct Key {
         std::int64_t size;
@@ -125,9 +128,16 @@ class FreeBlocks {
         Block* b;
     };
     static constexpr std::uint32_t kCap = 32;
+    // A run's entries are e[head, head + n): room at both ends, so that an
+    // insert or erase moves the shorter side (a decode step's small blocks go
+    // in at the front of a set of about 35: moving the whole run every time
+    // made BM_SimDecode 10% slower than the tree).
     struct Bucket {
+        std::uint32_t head = 0;
         std::uint32_t n = 0;
         Entry e[kCap];
+        Entry* at() { return e + head; }
+        [[nodiscard]] const Entry* at() const { return e + head; }
     };
     static Key key_of(const Block* b) { return Key{b->size, b->addr, b->stream}; }
     static bool less(const Key& a, const Key& b) {
@@ -145,7 +155,7 @@ public:
     // changes (an insert or erase may move entries between runs).
     class iterator {
     public:
-        Block* operator*() const { return s_->runs_[bi_]->e[i_].b; }
+        Block* operator*() const { return s_->runs_[bi_]->at()[i_].b; }
         iterator& operator++() {
             if (++i_ == s_->runs_[bi_]->n) {
                 ++bi_;
@@ -187,14 +197,15 @@ public:
         const Key* prev = nullptr;
         for (std::size_t bi = 0; bi < runs_.size(); ++bi) {
             const Bucket& r = *runs_[bi];
-            if (r.n == 0 || r.n > kCap) return false;
+            if (r.n == 0 || r.head + r.n > kCap) return false;
+            const Entry* e = r.at();
             for (std::uint32_t i = 0; i < r.n; ++i) {
-                const Key& k = r.e[i].k;
+                const Key& k = e[i].k;
                 if (prev && !less(*prev, k)) return false;
-                if (less(k, key_of(r.e[i].b)) || less(key_of(r.e[i].b), k) || !r.e[i].b->in_free) return false;
+                if (less(k, key_of(e[i].b)) || less(key_of(e[i].b), k) || !e[i].b->in_free) return false;
                 prev = &k;
             }
-            if (less(lasts_[bi], r.e[r.n - 1].k) || less(r.e[r.n - 1].k, lasts_[bi])) return false;
+            if (less(lasts_[bi], e[r.n - 1].k) || less(e[r.n - 1].k, lasts_[bi])) return false;
             n += r.n;
         }
         return n == size_;
@@ -210,7 +221,7 @@ public:
         if (bi == runs_.size()) --bi;  // past every key: the last run's end
         Bucket* r = runs_[bi];
         std::uint32_t i = pos_in(*r, k);
-        if (i < r->n && !less(k, r->e[i].k)) return;  // an equal key is in the set (std::set::insert)
+        if (i < r->n && !less(k, r->at()[i].k)) return;  // an equal key is in the set (std::set::insert)
         if (r->n == kCap) {
             split(bi);
             if (i > kCap / 2) {
@@ -219,10 +230,8 @@ public:
             }
             r = runs_[bi];
         }
-        std::move_backward(r->e + i, r->e + r->n, r->e + r->n + 1);
-        r->e[i] = Entry{k, b};
-        if (i == r->n) lasts_[bi] = k;
-        ++r->n;
+        insert_at(*r, i, Entry{k, b});
+        if (i + 1 == r->n) lasts_[bi] = k;
         ++size_;
         b->in_free = true;
         if (b->stream != 0) note(b, +1);
@@ -232,8 +241,7 @@ public:
         if (b->stream != 0) note(b, -1);
         b->in_free = false;
         Bucket* r = runs_[it.bi_];
-        std::move(r->e + it.i_ + 1, r->e + r->n, r->e + it.i_);
-        --r->n;
+        erase_at(*r, it.i_);
         --size_;
         if (r->n == 0) {
             give_run(r);
@@ -241,7 +249,7 @@ public:
             lasts_.erase(lasts_.begin() + static_cast<std::ptrdiff_t>(it.bi_));
             return;
         }
-        lasts_[it.bi_] = r->e[r->n - 1].k;
+        lasts_[it.bi_] = r->at()[r->n - 1].k;
         if (r->n < kCap / 4) merge_around(it.bi_);
     }
     std::size_t erase(Block* b) {
@@ -259,7 +267,7 @@ public:
     // counting them was a twelfth of a snapshot replay).
     [[nodiscard]] std::int64_t largest_eager() const {
         std::int64_t best = eager_sizes_.empty() ? 0 : eager_sizes_.rbegin()->first;
-        if (size_ != 0 && runs_.front()->e[0].k.stream == 0) {
+        if (size_ != 0 && runs_.front()->at()[0].k.stream == 0) {
             iterator it = lower_bound(Key{std::numeric_limits<std::int64_t>::min(),
                                           std::numeric_limits<std::int64_t>::min(), 1});
             best = std::max(best, (*--it)->size);
@@ -288,10 +296,11 @@ private:
         return lo;
     }
     static std::uint32_t pos_in(const Bucket& r, const Key& k) {
+        const Entry* e = r.at();
         std::uint32_t lo = 0, n = r.n;
         while (n > 0) {
             const std::uint32_t half = n / 2;
-            if (less(r.e[lo + half].k, k)) {
+            if (less(e[lo + half].k, k)) {
                 lo += half + 1;
                 n -= half + 1;
             } else {
@@ -300,16 +309,53 @@ private:
         }
         return lo;
     }
-    // A full run: its upper half becomes a new run after it.
+    // Entry `x` at position i of a run with room, moving the shorter side
+    // (into the room at its end; a run with no room before its first entry
+    // and an insert near the front is centred first).
+    static void insert_at(Bucket& r, std::uint32_t i, const Entry& x) {
+        const bool front = i <= r.n - i;
+        if (front && r.head == 0 && kCap - r.n >= 2) centre(r, 1);
+        Entry* e = r.at();
+        if ((front && r.head > 0) || r.head + r.n == kCap) {
+            std::move(e, e + i, e - 1);
+            --r.head;
+        } else {
+            std::move_backward(e + i, e + r.n, e + r.n + 1);
+        }
+        r.at()[i] = x;
+        ++r.n;
+    }
+    static void erase_at(Bucket& r, std::uint32_t i) {
+        Entry* e = r.at();
+        if (i < r.n - 1 - i) {
+            std::move_backward(e, e + i, e + i + 1);
+            ++r.head;
+        } else {
+            std::move(e + i + 1, e + r.n, e + i);
+        }
+        --r.n;
+    }
+    // The run's entries moved to the middle of its room, `extra` more
+    // entries counted (at least one free slot is left before them).
+    static void centre(Bucket& r, std::uint32_t extra) {
+        const std::uint32_t head = (kCap - r.n - extra + 1) / 2;
+        if (head < r.head) std::move(r.at(), r.at() + r.n, r.e + head);
+        else if (head > r.head) std::move_backward(r.at(), r.at() + r.n, r.e + head + r.n);
+        r.head = head;
+    }
+    // A full run: its upper half becomes a new run after it (each half
+    // centred in its room).
     void split(std::size_t bi) {
         Bucket* r = runs_[bi];
         Bucket* hi = take_run();
-        std::copy(r->e + kCap / 2, r->e + kCap, hi->e);
+        hi->head = kCap / 4;
+        std::copy(r->at() + kCap / 2, r->at() + kCap, hi->at());
         hi->n = kCap - kCap / 2;
         r->n = kCap / 2;
+        centre(*r, 0);
         runs_.insert(runs_.begin() + static_cast<std::ptrdiff_t>(bi) + 1, hi);
         lasts_.insert(lasts_.begin() + static_cast<std::ptrdiff_t>(bi) + 1, lasts_[bi]);
-        lasts_[bi] = r->e[r->n - 1].k;
+        lasts_[bi] = r->at()[r->n - 1].k;
     }
     // Run bi, under a quarter full, joins a neighbour with room for both.
     void merge_around(std::size_t bi) {
@@ -322,7 +368,8 @@ private:
     void absorb_next(std::size_t bi) {
         Bucket* a = runs_[bi];
         Bucket* b = runs_[bi + 1];
-        std::copy(b->e, b->e + b->n, a->e + a->n);
+        if (a->head + a->n + b->n > kCap) centre(*a, b->n);
+        std::copy(b->at(), b->at() + b->n, a->at() + a->n);
         a->n += b->n;
         lasts_[bi] = lasts_[bi + 1];
         give_run(b);
@@ -336,6 +383,7 @@ private:
         }
         Bucket* r = spare_.back();
         spare_.pop_back();
+        r->head = 0;
         r->n = 0;
         return r;
     }
