@@ -671,10 +671,6 @@ Result<ComputeResult> compute_time(const ModelGraph& g_in, const Job& job, const
     return r;
 }
 
-Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt) {
-    return estimate_with_time(req, opt, SimulateOptions{});
-}
-
 Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt, const SimulateOptions& sopt) {
     if (!req.params_count && req.model.empty())
         return Error{ErrorCode::InvalidArgument,

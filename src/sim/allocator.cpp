@@ -391,7 +391,7 @@ private:
     void note(const Block* b, int delta);
 
     std::vector<Bucket*> runs_;   // in key order
-    std::vector<Key> lasts_;      // each run's last key
+    std::vector<Key> lasts_;      // each run's last key (a copy, in one array for run_for's search)
     std::size_t size_ = 0;
     std::vector<std::unique_ptr<Bucket>> owned_;  // every run made, kept for reuse
     std::vector<Bucket*> spare_;

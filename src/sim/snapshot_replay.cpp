@@ -48,6 +48,17 @@ struct KeptEntry {
 Bytes device_free_of(const SnapshotTraceEntry& e) { return e.device_free; }
 Bytes device_free_of(const KeptEntry& e) { return Bytes(e.addr); }
 
+// The conversion's first pass over one entry (from_device_trace, and
+// KeptEntries' scan beside the reading): the trace names `addr`; true when
+// it is a free of an address the trace never named before (an allocation
+// made before the trace began).
+bool first_pass_seed(AddrTable<char>& seen, TraceAction action, TraceAction free_action, std::int64_t addr) {
+    if (action == TraceAction::Alloc) {
+        seen.insert(addr, 0);
+        return false;
+    }
+    return action == free_action && seen.insert(addr, 0);
+}
 // The entries a streamed read keeps, in chunks of 1.5 MiB mapped from the
 // system. The conversion hands each chunk back once it has read it, so the
 // entries and the trace made of them are never all resident at once: they
@@ -250,17 +261,12 @@ private:
         // free_completed (each address looked up 16 entries ahead, as there).
         void read(const Packed* c, std::size_t n) {
             constexpr std::size_t kAhead = 16;
-            constexpr auto kAlloc = static_cast<std::uint32_t>(TraceAction::Alloc);
-            constexpr auto kFree = static_cast<std::uint32_t>(TraceAction::FreeCompleted);
             for (std::size_t k = 0; k < n; ++k) {
                 if (k + kAhead < n) result.seen.prefetch(c[k + kAhead].addr);
                 const Packed& p = c[k];
-                const std::uint32_t action = p.stream_action >> kStreamBits;
-                if (action == kAlloc) {
-                    result.seen.insert(p.addr, 0);
-                } else if (action == kFree && result.seen.insert(p.addr, 0)) {
+                const auto action = static_cast<TraceAction>(p.stream_action >> kStreamBits);
+                if (first_pass_seed(result.seen, action, TraceAction::FreeCompleted, p.addr))
                     result.seeds.push_back(ScanSeed{p.addr, p.stream_action & kStreamMask, Bytes(p.size), p.frame});
-                }
             }
         }
         std::mutex m_;
@@ -431,15 +437,12 @@ void from_device_trace(const Snapshot& s, Entries& entries, int device, TraceCon
         table.prefetch((*ahead).addr);
         ++ahead;
     };
-    restart_ahead();
-    for (auto at = entries.begin(); !scanned && at != entries.end(); ++at) {
-        const auto& e = *at;
-        prefetch_ahead(seen);
-        check_budget();
-        if (e.action == TraceAction::Alloc) {
-            seen.insert(e.addr, 0);
-        } else if (e.action == free_action) {
-            if (seen.insert(e.addr, 0)) seeds.push_back(Seed{e.addr, e.stream, e.size, e.frame});
+    if (!scanned) {
+        restart_ahead();
+        for (const auto& e : entries) {
+            prefetch_ahead(seen);
+            check_budget();
+            if (first_pass_seed(seen, e.action, free_action, e.addr)) seeds.push_back(Seed{e.addr, e.stream, e.size, e.frame});
         }
     }
     std::vector<Seed> at_dump;

@@ -91,10 +91,9 @@ struct FullEstimate {
     EstimateResult memory;
     ComputeResult time;
 };
-Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt);
-// The same, with the simulation's settings (e.g. a front end that prints no
-// timeline leaves it out: SimulateOptions::timeline).
-Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt, const SimulateOptions& sopt);
+// `sopt`: the simulation's settings (a front end that prints no timeline
+// leaves it out: SimulateOptions::timeline).
+Result<FullEstimate> estimate_with_time(const EstimateRequest& req, const ComputeOptions& opt, const SimulateOptions& sopt = {});
 
 // Compute-only efficiencies of a GPU: the fraction of its dense peak that
 // large GEMMs reach in training (16-bit, or FP8 for --fp8 linears) and that
