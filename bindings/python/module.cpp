@@ -1,6 +1,8 @@
-// _gpumem: the private extension behind the Python package gpumem. One
-// function, call(command, body_json, time_limit_s) -> json text, over
-// api_call(). Every failure of a request becomes gpumem.GpumemError (a
+// _gpumem: the private extension behind the Python package gpumem.
+// call(command, body_json, time_limit_s) -> json text, over api_call(), and
+// call_value(...) -> the same answer as Python objects, what json.loads of
+// that text gives, built from the answer directly (the text's writing and
+// reading were two thirds of an analytic gpumem.estimate() call). Every failure of a request becomes gpumem.GpumemError (a
 // ValueError) with .code and .field, never a crash of the interpreter: bad
 // input (InputError, overflow), JSON nested deeper than kMaxJsonDepth (checked
 // on the text before it is parsed), work over the time limit ("timeout"),
@@ -33,7 +35,7 @@ struct CallError {
 };
 
 // Runs one request; any exception is turned into a CallError.
-std::variant<std::string, CallError> call_checked(const std::string& command, const std::string& body_json, double time_limit_s) {
+std::variant<nlohmann::json, CallError> call_checked(const std::string& command, const std::string& body_json, double time_limit_s) {
     try {
         gpumem::check_json_depth(std::string_view(body_json), "request");
         const nlohmann::json body = body_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(body_json);
@@ -44,7 +46,7 @@ std::variant<std::string, CallError> call_checked(const std::string& command, co
         }
         gpumem::Result<nlohmann::json> r = gpumem::api_call(command, body, /*allow_paths=*/true);
         if (!r) return CallError{std::string(gpumem::to_string(r.error().code)), r.error().field, r.error().message};
-        return r.value().dump();
+        return std::move(r).value();
     } catch (const gpumem::InputError& e) {
         return CallError{std::string(gpumem::to_string(e.error().code)), e.error().field, e.error().message};
     } catch (const gpumem::OverflowError& e) {
@@ -62,32 +64,131 @@ std::variant<std::string, CallError> call_checked(const std::string& command, co
     }
 }
 
+// The answer as text: a CallError where it cannot be written (a string that
+// is not UTF-8: nlohmann::json::dump throws).
+std::variant<std::string, CallError> dumped(const nlohmann::json& j) {
+    try {
+        return j.dump();
+    } catch (const nlohmann::json::exception& e) {
+        return CallError{"parse_error", "", std::string("bad JSON request: ") + e.what()};
+    } catch (const std::bad_alloc&) {
+        return CallError{"out_of_memory", "", "the request needs more memory than is available; ask for less"};
+    }
+}
+
+// What json.loads(j.dump()) gives, built directly: null, a non-finite number
+// (which dump writes as null) -> None; integers -> int; other numbers ->
+// float (dump writes the shortest text that reads back as the same double);
+// objects in their (sorted) order. A new reference, or null: a string is not
+// UTF-8, where dump throws (the caller then takes the text path and its
+// error), or Python is out of memory (its error is then cleared too: the
+// text path meets the same). The CPython calls directly: pybind11's
+// accessors took twice as long.
+PyObject* to_python(const nlohmann::json& j) {
+    using V = nlohmann::json::value_t;
+    switch (j.type()) {
+        case V::null:
+        case V::discarded: Py_RETURN_NONE;
+        case V::boolean:
+            if (j.get<bool>()) Py_RETURN_TRUE;
+            Py_RETURN_FALSE;
+        case V::number_integer: return PyLong_FromLongLong(j.get<std::int64_t>());
+        case V::number_unsigned: return PyLong_FromUnsignedLongLong(j.get<std::uint64_t>());
+        case V::number_float: {
+            const double d = j.get<double>();
+            if (!std::isfinite(d)) Py_RETURN_NONE;
+            return PyFloat_FromDouble(d);
+        }
+        case V::string: {
+            const std::string& t = j.get_ref<const std::string&>();
+            return PyUnicode_DecodeUTF8(t.data(), static_cast<Py_ssize_t>(t.size()), "strict");
+        }
+        case V::array: {
+            PyObject* out = PyList_New(static_cast<Py_ssize_t>(j.size()));
+            if (!out) return nullptr;
+            Py_ssize_t i = 0;
+            for (const auto& v : j) {
+                PyObject* x = to_python(v);
+                if (!x) {
+                    Py_DECREF(out);
+                    return nullptr;
+                }
+                PyList_SET_ITEM(out, i++, x);  // (steals x)
+            }
+            return out;
+        }
+        case V::object: {
+            PyObject* out = PyDict_New();
+            if (!out) return nullptr;
+            for (const auto& [k, v] : j.get_ref<const nlohmann::json::object_t&>()) {
+                PyObject* key = PyUnicode_DecodeUTF8(k.data(), static_cast<Py_ssize_t>(k.size()), "strict");
+                PyObject* x = key ? to_python(v) : nullptr;
+                const bool ok = x && PyDict_SetItem(out, key, x) == 0;
+                Py_XDECREF(key);
+                Py_XDECREF(x);
+                if (!ok) {
+                    Py_DECREF(out);
+                    return nullptr;
+                }
+            }
+            return out;
+        }
+        case V::binary: break;  // (no answer holds one: dump's own text then)
+    }
+    return nullptr;
+}
+
+py::handle error_type;  // gpumem.GpumemError (set when the module is made)
+
+[[noreturn]] void raise(const CallError& e) {
+    py::object exc = error_type(e.message);
+    exc.attr("code") = e.code;
+    exc.attr("field") = e.field;
+    PyErr_SetObject(error_type.ptr(), exc.ptr());
+    throw py::error_already_set();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_gpumem, m) {
     m.doc() = "gpumem's JSON entry point (private; use the gpumem package)";
-    static py::handle error_type = py::exception<void>(m, "GpumemError", PyExc_ValueError).release();
+    error_type = py::exception<void>(m, "GpumemError", PyExc_ValueError).release();
 
+    // The request runs without the GIL; the answer is written (text) or
+    // converted (objects) with it.
+    auto run = [](const std::string& command, const std::string& body_json, double time_limit_s) {
+        std::variant<nlohmann::json, CallError> r;
+        {
+            py::gil_scoped_release nogil;
+            r = call_checked(command, body_json, time_limit_s);
+        }
+        if (const auto* e = std::get_if<CallError>(&r)) raise(*e);
+        return std::get<nlohmann::json>(std::move(r));
+    };
+    auto text = [](const nlohmann::json& answer) {
+        std::variant<std::string, CallError> t = dumped(answer);
+        if (const auto* e = std::get_if<CallError>(&t)) raise(*e);
+        return std::get<std::string>(std::move(t));
+    };
     m.def(
         "call",
-        [](const std::string& command, const std::string& body_json, double time_limit_s) -> std::string {
-            std::variant<std::string, CallError> r;
-            {
-                py::gil_scoped_release nogil;
-                r = call_checked(command, body_json, time_limit_s);
-            }
-            if (const auto* e = std::get_if<CallError>(&r)) {
-                py::object exc = error_type(e->message);
-                exc.attr("code") = e->code;
-                exc.attr("field") = e->field;
-                PyErr_SetObject(error_type.ptr(), exc.ptr());
-                throw py::error_already_set();
-            }
-            return std::get<std::string>(std::move(r));
+        [run, text](const std::string& command, const std::string& body_json, double time_limit_s) -> std::string {
+            return text(run(command, body_json, time_limit_s));
         },
         py::arg("command"), py::arg("body_json") = "{}", py::arg("time_limit_s") = 0.0,
         "Run one gpumem command on a JSON request body; returns the JSON result text. time_limit_s > 0 cancels work "
         "running longer (GpumemError, code \"timeout\").");
+    m.def(
+        "call_value",
+        [run, text](const std::string& command, const std::string& body_json, double time_limit_s) -> py::object {
+            const nlohmann::json answer = run(command, body_json, time_limit_s);
+            if (PyObject* v = to_python(answer)) return py::reinterpret_steal<py::object>(v);
+            PyErr_Clear();
+            // Not UTF-8 somewhere: the text path, with its error (or its text).
+            return py::module_::import("json").attr("loads")(text(answer));
+        },
+        py::arg("command"), py::arg("body_json") = "{}", py::arg("time_limit_s") = 0.0,
+        "call() returning the answer as Python objects (what json.loads of call()'s text gives).");
     m.attr("commands") = gpumem::api_commands();
     m.def("fields", [] { return gpumem::fields_json().dump(); }, "The request field table as JSON text.");
     m.def("version", [] { return std::string(gpumem::version()); }, "gpumem's version.");

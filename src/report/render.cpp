@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <string_view>
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -174,151 +175,161 @@ nlohmann::json params_to_json(const ModelGraph& g, const ParamSummary& s) {
     return j;
 }
 
+namespace {
+// A JSON object built by emplacing each member into its map: nlohmann's
+// initializer lists ({{"key", value}, ...}) first make every pair a
+// two-element array and then copy it into the object, which was most of
+// writing an estimate's answer (an analytic gpumem.estimate() spent longer
+// on it than on the estimate). The members' order is the map's (sorted), as
+// before.
+class Obj {
+public:
+    Obj& operator()(std::string_view key, nlohmann::json value) {
+        m_.emplace(std::string(key), std::move(value));
+        return *this;
+    }
+    // (An lvalue too: the members added so far, the builder left empty.)
+    operator nlohmann::json() { return nlohmann::json(std::move(m_)); }
+
+private:
+    nlohmann::json::object_t m_;
+};
+}  // namespace
+
 nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* time) {
-    nlohmann::json j;
-    j["model"] = {{"name", r.model_name}, {"family", r.family}, {"source", r.model_source}};
-    j["params"]["total"] = r.params.total;
-    j["params"]["trainable"] = r.trainable_params();
-    j["params"]["by_component"] = nlohmann::json::object();
-    for (const auto& [k, v] : r.params.by_component) j["params"]["by_component"][k] = v;
-    j["request"] = request_to_json(r.request());
+    Obj j;
+    j("model", Obj()("name", r.model_name)("family", r.family)("source", r.model_source));
+    {
+        Obj by_component;
+        for (const auto& [k, v] : r.params.by_component) by_component(k, v);
+        j("params", Obj()("total", r.params.total)("trainable", r.trainable_params())("by_component", by_component));
+    }
+    j("request", request_to_json(r.request()));
     const PerGpu& p = r.per_gpu;
-    j["per_gpu"] = {
-        {"weights", p.weights.count()},
-        {"gradients", p.gradients.count()},
-        {"optimizer_states", p.optimizer_states.count()},
-        {"paged_optimizer_states", p.paged_optimizer_states.count()},
-        {"master_weights", p.master_weights.count()},
-        {"activations", p.activations.count()},
-        {"kv_cache", p.kv_cache.count()},
-        {"transient", p.transient.count()},
-        {"cublas_workspace", p.cublas_workspace.count()},
-        {"peak_allocated", p.peak_allocated.count()},
-        {"allocator_overhead", p.allocator_overhead.count()},
-        {"peak_reserved", p.peak_reserved.count()},
-        {"cuda_context", p.cuda_context.count()},
-        {"total_device", p.total_device.count()},
-        {"load_peak", p.load_peak.count()},
-        {"capacity", p.capacity.count()},
-        {"fits", p.fits},
-        {"peak_phase", p.peak_phase},
-    };
-    j["breakdown"] = nlohmann::json::array();
-    for (const auto& row : r.breakdown)
-        j["breakdown"].push_back({{"key", row.key}, {"label", row.label}, {"bytes", row.bytes.count()}, {"detail", row.detail}});
+    j("per_gpu", Obj()("weights", p.weights.count())
+                     ("gradients", p.gradients.count())
+                     ("optimizer_states", p.optimizer_states.count())
+                     ("paged_optimizer_states", p.paged_optimizer_states.count())
+                     ("master_weights", p.master_weights.count())
+                     ("activations", p.activations.count())
+                     ("kv_cache", p.kv_cache.count())
+                     ("transient", p.transient.count())
+                     ("cublas_workspace", p.cublas_workspace.count())
+                     ("peak_allocated", p.peak_allocated.count())
+                     ("allocator_overhead", p.allocator_overhead.count())
+                     ("peak_reserved", p.peak_reserved.count())
+                     ("cuda_context", p.cuda_context.count())
+                     ("total_device", p.total_device.count())
+                     ("load_peak", p.load_peak.count())
+                     ("capacity", p.capacity.count())
+                     ("fits", p.fits)
+                     ("peak_phase", p.peak_phase));
+    {
+        nlohmann::json rows = nlohmann::json::array();
+        rows.get_ref<nlohmann::json::array_t&>().reserve(r.breakdown.size());
+        for (const auto& row : r.breakdown) rows.push_back(Obj()("key", row.key)("label", row.label)("bytes", row.bytes.count())("detail", row.detail));
+        j("breakdown", std::move(rows));
+    }
     {
         const Uncertainty& u = r.uncertainty;
-        auto range = [](const Range& x) { return nlohmann::json{{"low", x.low.count()}, {"expected", x.expected.count()}, {"high", x.high.count()}}; };
-        j["uncertainty"] = {{"range", range(u.total)},         {"reserved", range(u.reserved)}, {"allocated", range(u.allocated)},
-                            {"verdict", u.verdict},             {"path", u.path},                {"rows", u.rows},
-                            {"ratio_low", u.ratio_low},         {"ratio_high", u.ratio_high},    {"calibrated", u.calibrated},
-                            {"basis", u.basis}};
+        auto range = [](const Range& x) -> nlohmann::json { return Obj()("low", x.low.count())("expected", x.expected.count())("high", x.high.count()); };
+        j("uncertainty", Obj()("range", range(u.total))("reserved", range(u.reserved))("allocated", range(u.allocated))("verdict", u.verdict)("path", u.path)
+                              ("rows", u.rows)("ratio_low", u.ratio_low)("ratio_high", u.ratio_high)("calibrated", u.calibrated)("basis", u.basis));
     }
-    j["activations_by_block"] = nlohmann::json::array();
-    for (const auto& b : r.activation_detail.blocks)
-        j["activations_by_block"].push_back({{"block", b.block}, {"repeat", b.repeat}, {"per_instance", b.per_instance.count()}});
-    j["gpu"] = {{"name", r.gpu().name}, {"memory", r.gpu().memory.count()}};
-    j["seq"] = r.seq();
+    {
+        nlohmann::json blocks = nlohmann::json::array();
+        for (const auto& b : r.activation_detail.blocks) blocks.push_back(Obj()("block", b.block)("repeat", b.repeat)("per_instance", b.per_instance.count()));
+        j("activations_by_block", std::move(blocks));
+    }
+    j("gpu", Obj()("name", r.gpu().name)("memory", r.gpu().memory.count()));
+    j("seq", r.seq());
     if (r.parallel) {
         const ParallelResult& par = *r.parallel;
-        nlohmann::json pj;
-        pj["dp"] = par.layout.dp;
-        pj["gpus_per_node"] = par.layout.gpus_per_node;
-        pj["most_loaded_stage"] = par.most_loaded;
-        pj["nccl_outside_allocator"] = par.nccl_outside.count();
-        pj["cpu_per_node"] = par.cpu_per_node.count();
-        pj["nvme_per_node"] = par.nvme_per_node.count();
-        pj["comm_bytes_per_step"] = {{"tp", par.comm.tp_per_step.count()}, {"dp", par.comm.dp_per_step.count()},
-                                     {"pp", par.comm.pp_per_step.count()}, {"cp", par.comm.cp_per_step.count()},
-                                     {"ep", par.comm.ep_per_step.count()}};
-        pj["stages"] = nlohmann::json::array();
-        for (const auto& s : par.stages) {
-            nlohmann::json sj = {{"stage", s.stage},
-                                 {"contents", s.contents},
-                                 {"layers", s.layers},
-                                 {"params", s.params},
-                                 {"weights", s.weights.count()},
-                                 {"gradients", s.gradients.count()},
-                                 {"optimizer_states", s.optimizer_states.count()},
-                                 {"activations", s.activations.count()},
-                                 {"in_flight", s.in_flight},
-                                 {"gathered_params", s.gathered_params.count()},
-                                 {"comm_buffers", s.comm_buffers.count()},
-                                 {"transient", s.transient.count()},
-                                 {"peak_phase", s.peak_phase},
-                                 // The analytic peak of torch.cuda.max_memory_allocated() on this rank (cuBLAS workspaces included).
-                                 {"allocated", (s.allocated + r.per_gpu.cublas_workspace).count()}};
-            if (s.simulated) {
-                sj["simulated_peak_allocated"] = s.simulated_peak_allocated.count();
-                sj["simulated_peak_reserved"] = s.simulated_peak_reserved.count();
+        Obj pj;
+        pj("dp", par.layout.dp);
+        pj("gpus_per_node", par.layout.gpus_per_node);
+        pj("most_loaded_stage", par.most_loaded);
+        pj("nccl_outside_allocator", par.nccl_outside.count());
+        pj("cpu_per_node", par.cpu_per_node.count());
+        pj("nvme_per_node", par.nvme_per_node.count());
+        pj("comm_bytes_per_step", Obj()("tp", par.comm.tp_per_step.count())("dp", par.comm.dp_per_step.count())("pp", par.comm.pp_per_step.count())
+                                       ("cp", par.comm.cp_per_step.count())("ep", par.comm.ep_per_step.count()));
+        nlohmann::json stages = nlohmann::json::array();
+        for (const auto& st : par.stages) {
+            Obj sj;
+            sj("stage", st.stage)("contents", st.contents)("layers", st.layers)("params", st.params)("weights", st.weights.count())
+              ("gradients", st.gradients.count())("optimizer_states", st.optimizer_states.count())("activations", st.activations.count())
+              ("in_flight", st.in_flight)("gathered_params", st.gathered_params.count())("comm_buffers", st.comm_buffers.count())
+              ("transient", st.transient.count())("peak_phase", st.peak_phase)
+              // The analytic peak of torch.cuda.max_memory_allocated() on this rank (cuBLAS workspaces included).
+              ("allocated", (st.allocated + r.per_gpu.cublas_workspace).count());
+            if (st.simulated) {
+                sj("simulated_peak_allocated", st.simulated_peak_allocated.count());
+                sj("simulated_peak_reserved", st.simulated_peak_reserved.count());
             }
-            pj["stages"].push_back(std::move(sj));
+            stages.push_back(sj);
         }
-        pj["pp_layers"] = par.layout.stage_layers;
-        pj["vpp"] = par.layout.vpp;
-        j["parallel"] = pj;
+        pj("stages", std::move(stages));
+        pj("pp_layers", par.layout.stage_layers);
+        pj("vpp", par.layout.vpp);
+        j("parallel", pj);
     }
     if (r.simulation) {
         const SimulationSummary& s = *r.simulation;
-        nlohmann::json sj;
-        sj["allocator"] = s.allocator;
-        sj["alloc_conf"] = s.alloc_conf;
-        sj["events"] = s.events;
-        sj["peak_phase"] = s.peak_phase;
-        sj["peak_step"] = s.peak_step + 1;
-        sj["first_step"] = {{"peak_allocated", s.first_step_peak_allocated.count()}, {"peak_reserved", s.first_step_peak_reserved.count()}};
-        sj["steady_state"] = {{"peak_allocated", s.steady_peak_allocated.count()}, {"peak_reserved", s.steady_peak_reserved.count()}};
-        sj["fragmentation_at_peak"] = s.fragmentation_at_peak.count();
-        sj["largest_free_block_at_peak"] = s.largest_free_block_at_peak.count();
-        sj["live_after"] = {{"forward", s.after_forward.count()}, {"backward", s.after_backward.count()},
-                            {"optimizer", s.after_optimizer.count()}, {"zero_grad", s.after_zero_grad.count()}};
-        sj["phases"] = nlohmann::json::array();
+        Obj sj;
+        sj("allocator", s.allocator);
+        sj("alloc_conf", s.alloc_conf);
+        sj("events", s.events);
+        sj("peak_phase", s.peak_phase);
+        sj("peak_step", s.peak_step + 1);
+        sj("first_step", Obj()("peak_allocated", s.first_step_peak_allocated.count())("peak_reserved", s.first_step_peak_reserved.count()));
+        sj("steady_state", Obj()("peak_allocated", s.steady_peak_allocated.count())("peak_reserved", s.steady_peak_reserved.count()));
+        sj("fragmentation_at_peak", s.fragmentation_at_peak.count());
+        sj("largest_free_block_at_peak", s.largest_free_block_at_peak.count());
+        sj("live_after", Obj()("forward", s.after_forward.count())("backward", s.after_backward.count())("optimizer", s.after_optimizer.count())
+                             ("zero_grad", s.after_zero_grad.count()));
+        nlohmann::json phases = nlohmann::json::array();
         for (const auto& ph : s.phases)
-            sj["phases"].push_back({{"phase", ph.phase}, {"step", ph.step + 1}, {"peak_allocated", ph.peak_allocated.count()}, {"peak_reserved", ph.peak_reserved.count()}});
-        sj["top_at_peak"] = nlohmann::json::array();
-        for (const auto& t : s.top_at_peak) sj["top_at_peak"].push_back({{"bytes", t.size.count()}, {"label", t.label}, {"phase", t.phase}});
-        sj["oom"] = s.oom;
-        if (s.oom) sj["oom_detail"] = s.oom_detail;
-        sj["notes"] = s.notes;
-        j["simulation"] = sj;
+            phases.push_back(Obj()("phase", ph.phase)("step", ph.step + 1)("peak_allocated", ph.peak_allocated.count())("peak_reserved", ph.peak_reserved.count()));
+        sj("phases", std::move(phases));
+        nlohmann::json top = nlohmann::json::array();
+        for (const auto& t : s.top_at_peak) top.push_back(Obj()("bytes", t.size.count())("label", t.label)("phase", t.phase));
+        sj("top_at_peak", std::move(top));
+        sj("oom", s.oom);
+        if (s.oom) sj("oom_detail", s.oom_detail);
+        sj("notes", s.notes);
+        j("simulation", sj);
     }
-    j["assumptions"] = r.assumptions;
+    nlohmann::json assumptions = r.assumptions;
     if (time) {
         const ComputeResult& t = *time;
-        j["flops"] = {{"per_step", t.flops_per_step}, {"per_token", t.flops_per_token}, {"model_per_step", t.model_flops_per_step}};
-        nlohmann::json tj = {{"step_seconds", t.step_seconds},
-                             {"compute_seconds", t.compute_seconds},
-                             {"comm_seconds", t.comm_seconds},
-                             {"comm_total_seconds", t.comm_total_seconds},
-                             {"bubble_seconds", t.bubble_seconds},
-                             {"tokens_per_step", t.tokens_per_step},
-                             {"tokens_per_second", t.tokens_per_second},
-                             {"peak_tflops", t.peak_tflops},
-                             {"tflops_per_gpu", t.step_seconds > 0 && r.gpu().name.size() ? t.model_flops_per_step / t.step_seconds /
-                                                                                             static_cast<double>(std::max<std::int64_t>(1, r.request().parallel.gpus)) / 1e12
-                                                                                       : 0.0},
-                             {"mfu", t.mfu},
-                             {"mfu_source", t.mfu_source},
-                             {"gemm_efficiency", t.gemm_efficiency},
-                             {"attention_efficiency", t.attention_efficiency},
-                             {"efficiency_source", t.efficiency_source}};
+        j("flops", Obj()("per_step", t.flops_per_step)("per_token", t.flops_per_token)("model_per_step", t.model_flops_per_step));
+        Obj tj;
+        tj("step_seconds", t.step_seconds)("compute_seconds", t.compute_seconds)("comm_seconds", t.comm_seconds)("comm_total_seconds", t.comm_total_seconds)
+          ("bubble_seconds", t.bubble_seconds)("tokens_per_step", t.tokens_per_step)("tokens_per_second", t.tokens_per_second)("peak_tflops", t.peak_tflops)
+          ("tflops_per_gpu", t.step_seconds > 0 && r.gpu().name.size() ? t.model_flops_per_step / t.step_seconds /
+                                                                         static_cast<double>(std::max<std::int64_t>(1, r.request().parallel.gpus)) / 1e12
+                                                                   : 0.0)
+          ("mfu", t.mfu)("mfu_source", t.mfu_source)("gemm_efficiency", t.gemm_efficiency)("attention_efficiency", t.attention_efficiency)
+          ("efficiency_source", t.efficiency_source);
         if (r.request().mode != Mode::Infer) {
             const TimeBreakdown& b = t.breakdown;
-            tj["breakdown"] = {{"compute", b.compute}, {"tp", b.tp},     {"cp", b.cp},           {"ep", b.ep},          {"pp", b.pp},
-                               {"bubble", b.bubble},   {"dp", b.dp},     {"optimizer", b.optimizer}, {"offload", b.offload}};
+            tj("breakdown", Obj()("compute", b.compute)("tp", b.tp)("cp", b.cp)("ep", b.ep)("pp", b.pp)("bubble", b.bubble)("dp", b.dp)("optimizer", b.optimizer)
+                                 ("offload", b.offload));
         }
-        if (t.total_seconds) tj["total_seconds"] = *t.total_seconds;
-        if (t.gpu_hours) tj["gpu_hours"] = *t.gpu_hours;
-        if (t.cost) tj["cost"] = *t.cost;
+        if (t.total_seconds) tj("total_seconds", *t.total_seconds);
+        if (t.gpu_hours) tj("gpu_hours", *t.gpu_hours);
+        if (t.cost) tj("cost", *t.cost);
         if (r.request().mode == Mode::Infer) {
-            tj["prefill_seconds"] = t.prefill_seconds;
-            tj["decode_tokens_per_second"] = t.decode_tokens_per_second;
-            tj["decode_seconds_per_token"] = t.decode_seconds_per_token;
+            tj("prefill_seconds", t.prefill_seconds);
+            tj("decode_tokens_per_second", t.decode_tokens_per_second);
+            tj("decode_seconds_per_token", t.decode_seconds_per_token);
         }
-        j["time"] = tj;
-        for (const auto& a : t.assumptions) j["assumptions"].push_back(a);
+        j("time", tj);
+        for (const auto& a : t.assumptions) assumptions.push_back(a);
     }
-    j["warnings"] = r.warnings;
+    j("assumptions", std::move(assumptions));
+    j("warnings", r.warnings);
     return j;
 }
 

@@ -197,6 +197,44 @@ def test_models_and_gpus_match_cli():
     assert repr(m).startswith("<Models ") and repr(g).startswith("<Gpus ")
 
 
+def strictly_equal(a, b):
+    """Equal values of the same types, objects' keys in the same order (a
+    float 2.0 is not the int 2 here, as it is for ==)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(strictly_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(strictly_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("command,body", [
+    ("estimate", {"model": "llama-3-8b", "batch": 2, "seq": 1024, "grad_accum": 4}),
+    ("estimate", {"model": "llama-3-8b", "gpus": 16, "tp": 2, "pp": 2, "zero": 1, "analytic": True, "tokens": "1e12"}),
+    ("estimate", {"model": "gpt2", "mode": "infer", "batch": 4, "seq": 512, "gen_len": 128}),
+    ("plan", {"model": "llama-3-8b", "gpus": 8, "top": 2}),
+    ("sweep", {"model": "gpt2", "batches": [1, 2], "seqs": [512]}),
+    ("snapshot", {"file": str(SNAPSHOT)}),
+    ("doctor", {"message": OOM, "model": "llama-3.2-1b", "batch": 4}),
+    ("serving", {"model": "llama-3-8b", "gpu": "H100-80GB"}),
+    ("gpus", {}),
+])
+def test_answer_objects_are_the_answer_text_read(command, body):
+    # gpumem.call() builds the answer's Python objects directly
+    # (_gpumem.call_value); they must be what json.loads of the answer's text
+    # (_gpumem.call) gives: the same values, types and key order.
+    text = json.dumps(body)
+    want = json.loads(gpumem._gpumem.call(command, text, 0.0))
+    got = gpumem._gpumem.call_value(command, text, 0.0)
+    for d in (want, got):
+        d.pop("search_seconds", None)  # (a plan's wall-clock time)
+    assert strictly_equal(got, want)
+    with pytest.raises(gpumem.GpumemError) as e:
+        gpumem._gpumem.call_value(command, json.dumps(dict(body, batch=-1)), 0.0)
+    assert e.value.code == "invalid_argument" or command in ("gpus", "doctor", "snapshot")
+
+
 @pytest.mark.parametrize("kwargs,args", [
     (dict(model="no-such-model"), ["estimate", "no-such-model"]),
     (dict(model="gpt2", precision="fp12"), ["estimate", "gpt2", "--precision", "fp12"]),

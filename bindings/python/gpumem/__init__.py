@@ -318,7 +318,7 @@ def call(command: str, body: Optional[Dict[str, Any]] = None, time_limit: Option
         err = GpumemError(f"the request is not JSON data: {e}")
         err.code, err.field = "parse_error", ""
         raise err from None
-    return json.loads(_gpumem.call(command, text, float(time_limit or 0.0)))
+    return _gpumem.call_value(command, text, float(time_limit or 0.0))
 
 
 def _error(message: str, field: str) -> GpumemError:
@@ -327,15 +327,28 @@ def _error(message: str, field: str) -> GpumemError:
     return e
 
 
+_KNOWN: Dict[str, Dict[str, Dict[str, Any]]] = {}
+
+
+def _known(command: str) -> Dict[str, Dict[str, Any]]:
+    """The keywords a command takes (keys and aliases) and their fields,
+    built once per command from the field table."""
+    known = _KNOWN.get(command)
+    if known is None:
+        known = {}
+        for f in _TABLE["fields"]:
+            if command in f["commands"] and not f["cli_only"]:
+                known[f["key"]] = f
+                for a in f["aliases"]:
+                    known[a.replace("-", "_")] = f
+        _KNOWN[command] = known
+    return known
+
+
 def _body(command: str, function: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """Checks the keywords against the command's fields (did-you-mean on a
     typo) and builds the JSON body; None means "not given"."""
-    known: Dict[str, Dict[str, Any]] = {}
-    for f in _TABLE["fields"]:
-        if command in f["commands"] and not f["cli_only"]:
-            known[f["key"]] = f
-            for a in f["aliases"]:
-                known[a.replace("-", "_")] = f
+    known = _known(command)
     out: Dict[str, Any] = {}
     for k, v in kwargs.items():
         if v is None:
