@@ -5,15 +5,18 @@ Every seed is derived from files in the repository (data/presets,
 tests/fixtures) or written here from the documented formats, so that running
 this script again gives the same bytes. Usage, from the repository root:
 
-    python3 fuzz/make_corpus.py
+    python3 fuzz/make_corpus.py            (rewrite fuzz/corpus)
+    python3 fuzz/make_corpus.py --check    (exit 1 if the committed seeds differ)
 
 fuzz/corpus/gguf/ is written by fuzz/make_gguf_seed.py; crash reproducers live
 in fuzz/regressions/<target>/ and are never regenerated.
 """
+import filecmp
 import json
 import shutil
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,7 +228,7 @@ def api():
         write(d, "%02d-%s" % (i, cmd), cmd + "\n" + json.dumps(body, separators=(",", ":")))
 
 
-def main():
+def generate():
     hf_config()
     layer_list()
     graph_json()
@@ -236,8 +239,42 @@ def main():
     doctor()
     fields()
     api()
+
+
+def differences(want, got):
+    """Files that differ between two corpus folders, each target folder of
+    `want` (the freshly written seeds) against the same folder of `got`."""
+    out = []
+    for d in sorted(p for p in want.iterdir() if p.is_dir()):
+        g = got / d.name
+        names = sorted(p.name for p in d.iterdir())
+        have = sorted(p.name for p in g.iterdir()) if g.is_dir() else []
+        out += [f"{d.name}/{n}: not committed" for n in names if n not in have]
+        out += [f"{d.name}/{n}: not written by this script" for n in have if n not in names]
+        out += [f"{d.name}/{n}: differs" for n in names if n in have and not filecmp.cmp(d / n, g / n, shallow=False)]
+    return out
+
+
+def main(argv):
+    global CORPUS
+    if argv not in ([], ["--check"]):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if not argv:
+        generate()
+        return 0
+    committed = CORPUS
+    with tempfile.TemporaryDirectory() as tmp:
+        CORPUS = Path(tmp)
+        generate()
+        diff = differences(CORPUS, committed)
+    for line in diff:
+        print(f"fuzz/corpus/{line}", file=sys.stderr)
+    if diff:
+        print("the committed seeds are not what fuzz/make_corpus.py writes: run it and commit fuzz/corpus", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
