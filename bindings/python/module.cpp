@@ -1,8 +1,9 @@
 // _gpumem: the private extension behind the Python package gpumem.
 // call(command, body_json, time_limit_s) -> json text, over api_call(), and
 // call_value(...) -> the same answer as Python objects, what json.loads of
-// that text gives, built from the answer directly (the text's writing and
-// reading were two thirds of an analytic gpumem.estimate() call). Every failure of a request becomes gpumem.GpumemError (a
+// that text gives, built from the answer directly (writing the text and
+// reading it back were two thirds of an analytic gpumem.estimate() call).
+// Every failure of a request becomes gpumem.GpumemError (a
 // ValueError) with .code and .field, never a crash of the interpreter: bad
 // input (InputError, overflow), JSON nested deeper than kMaxJsonDepth (checked
 // on the text before it is parsed), work over the time limit ("timeout"),
@@ -73,6 +74,8 @@ std::variant<std::string, CallError> dumped(const nlohmann::json& j) {
         return CallError{"parse_error", "", std::string("bad JSON request: ") + e.what()};
     } catch (const std::bad_alloc&) {
         return CallError{"out_of_memory", "", "the request needs more memory than is available; ask for less"};
+    } catch (const std::exception& e) {
+        return CallError{"internal", "", std::string("internal error: ") + e.what()};
     }
 }
 
@@ -154,8 +157,8 @@ PYBIND11_MODULE(_gpumem, m) {
     m.doc() = "gpumem's JSON entry point (private; use the gpumem package)";
     error_type = py::exception<void>(m, "GpumemError", PyExc_ValueError).release();
 
-    // The request runs without the GIL; the answer is written (text) or
-    // converted (objects) with it.
+    // The request and the writing of its text run without the GIL; the
+    // Python objects are made with it.
     auto run = [](const std::string& command, const std::string& body_json, double time_limit_s) {
         std::variant<nlohmann::json, CallError> r;
         {
@@ -166,7 +169,11 @@ PYBIND11_MODULE(_gpumem, m) {
         return std::get<nlohmann::json>(std::move(r));
     };
     auto text = [](const nlohmann::json& answer) {
-        std::variant<std::string, CallError> t = dumped(answer);
+        std::variant<std::string, CallError> t;
+        {
+            py::gil_scoped_release nogil;
+            t = dumped(answer);
+        }
         if (const auto* e = std::get_if<CallError>(&t)) raise(*e);
         return std::get<std::string>(std::move(t));
     };
