@@ -182,14 +182,15 @@ namespace {
 // writing an estimate's answer (an analytic gpumem.estimate() spent longer
 // on it than on the estimate). The members' order is the map's (sorted), as
 // before.
+// (The builder is used up: a named one is passed on with std::move.)
 class Obj {
 public:
-    Obj& operator()(std::string_view key, nlohmann::json value) {
+    Obj& operator()(std::string_view key, nlohmann::json value) & {
         m_.emplace(std::string(key), std::move(value));
         return *this;
     }
-    // (An lvalue too: the members added so far, the builder left empty.)
-    operator nlohmann::json() { return nlohmann::json(std::move(m_)); }
+    Obj&& operator()(std::string_view key, nlohmann::json value) && { return std::move((*this)(key, std::move(value))); }
+    operator nlohmann::json() && { return nlohmann::json(std::move(m_)); }
 
 private:
     nlohmann::json::object_t m_;
@@ -202,7 +203,7 @@ nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* ti
     {
         Obj by_component;
         for (const auto& [k, v] : r.params.by_component) by_component(k, v);
-        j("params", Obj()("total", r.params.total)("trainable", r.trainable_params())("by_component", by_component));
+        j("params", Obj()("total", r.params.total)("trainable", r.trainable_params())("by_component", std::move(by_component)));
     }
     j("request", request_to_json(r.request()));
     const PerGpu& p = r.per_gpu;
@@ -267,12 +268,12 @@ nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* ti
                 sj("simulated_peak_allocated", st.simulated_peak_allocated.count());
                 sj("simulated_peak_reserved", st.simulated_peak_reserved.count());
             }
-            stages.push_back(sj);
+            stages.push_back(std::move(sj));
         }
         pj("stages", std::move(stages));
         pj("pp_layers", par.layout.stage_layers);
         pj("vpp", par.layout.vpp);
-        j("parallel", pj);
+        j("parallel", std::move(pj));
     }
     if (r.simulation) {
         const SimulationSummary& s = *r.simulation;
@@ -298,7 +299,7 @@ nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* ti
         sj("oom", s.oom);
         if (s.oom) sj("oom_detail", s.oom_detail);
         sj("notes", s.notes);
-        j("simulation", sj);
+        j("simulation", std::move(sj));
     }
     nlohmann::json assumptions = r.assumptions;
     if (time) {
@@ -325,7 +326,7 @@ nlohmann::json estimate_to_json(const EstimateResult& r, const ComputeResult* ti
             tj("decode_tokens_per_second", t.decode_tokens_per_second);
             tj("decode_seconds_per_token", t.decode_seconds_per_token);
         }
-        j("time", tj);
+        j("time", std::move(tj));
         for (const auto& a : t.assumptions) assumptions.push_back(a);
     }
     j("assumptions", std::move(assumptions));

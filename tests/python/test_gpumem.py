@@ -232,7 +232,7 @@ def test_answer_objects_are_the_answer_text_read(command, body):
     assert strictly_equal(got, want)
     with pytest.raises(gpumem.GpumemError) as e:
         gpumem._gpumem.call_value(command, json.dumps(dict(body, batch=-1)), 0.0)
-    assert e.value.code == "invalid_argument" or command in ("gpus", "doctor", "snapshot")
+    assert (e.value.code, e.value.field) == ("invalid_argument", "batch")
 
 
 @pytest.mark.parametrize("kwargs,args", [
