@@ -5,7 +5,7 @@ how far apart their memory answers are.
 
 Usage:
   python3 bench/llm_analysis_compare.py [--gpumem build/gpumem]
-      [--llm-analysis-src DIR] [--repeat 3] [--json]
+      [--llm-analysis-src DIR] [--repeat 3] [--json] [--save FILE]
 
 DIR is a checkout of llm-analysis (the folder that holds llm_analysis/); it
 also comes from the environment variable LLM_ANALYSIS_SRC. Without it the
@@ -36,6 +36,9 @@ difference (llm-analysis - gpumem) / gpumem of the parts both tools estimate
 (weights, gradients, optimizer states incl. fp32 master weights, activations,
 and llm-analysis's estimated peak against gpumem's peak allocated), from the
 analytic estimate. Nothing here changes either tool.
+
+--save FILE writes the results as JSON to FILE as well (the README's paragraph
+is rendered from bench/results/llm_analysis.json by scripts/update-readme.py).
 """
 import argparse
 import json
@@ -202,6 +205,7 @@ def main():
                     help="llm-analysis checkout (default: $LLM_ANALYSIS_SRC)")
     ap.add_argument("--repeat", type=int, default=3, help="passes over the grid per tool (median)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--save", default=None, help="also write the results as JSON to this file")
     args = ap.parse_args()
 
     src = args.llm_analysis_src
@@ -283,6 +287,10 @@ def main():
         "true_median_per_call_ms": statistics.median(true_per) * 1e3,
         "memory_rel_diff": diffs, "params": params,
     }
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
