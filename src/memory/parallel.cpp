@@ -826,17 +826,20 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // Full recompute: the first layer is rebuilt with nearly every
             // gradient made (its saves with its largest forward transient or,
             // later, its largest gradient pair, not both: as `rebuilt` above).
+            // (A loop that holds the logits holds them to the end of backward,
+            // through the first layer's rebuild and the embedding's gradient:
+            // held_l in each moment below, as the simulator keeps them.)
             if (has_layers && recompute > Bytes(0))
-                bwd_end = max(bwd_end, states + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
+                bwd_end = max(bwd_end, states + held_l + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
                                            max(gather_max, gather_near_first) + block_grad_max + inbwd_end);
             if (embeddings) {
                 const Bytes eg = !grads_per_op ? emb_grad.ceil_div(std::max<std::int64_t>(1, lay.shard)) : emb_grad;
                 const Bytes extra = (!grads_per_op ? grad_first : Bytes(0)) + tied_grad * (!grads_per_op ? 1 : 2) + gather_first +
                                     scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0);
                 if (end_emb_new_seen)
-                    bwd_end = max(bwd_end, states + end_emb_new + end_round + extra +
+                    bwd_end = max(bwd_end, states + held_l + end_emb_new + end_round + extra +
                                                (inbwd ? inbwd_first : grad_buffer || !grads_per_op ? Bytes(0) : (job.amp && job.tdt == DType::F32 ? Bytes(eg.count() / 2) : Bytes(0))));
-                if (end_emb_acc_seen) bwd_end = max(bwd_end, states + end_emb_acc + end_round + extra + (grad_buffer ? Bytes(0) : eg));
+                if (end_emb_acc_seen) bwd_end = max(bwd_end, states + held_l + end_emb_acc + end_round + extra + (grad_buffer ? Bytes(0) : eg));
             }
             // Optimizer step over this rank's tensors (torch/optim/adam.py):
             // foreach allocates one state-sized list at once (_foreach_sqrt);
