@@ -111,6 +111,54 @@ TEST(GridAgreement, ContextParallel) { check_agreement(GridKind::Context, 150, 6
 TEST(GridAgreement, ExpertParallel) { check_agreement(GridKind::Expert, 150, 7); }
 TEST(GridAgreement, Inference) { check_agreement(GridKind::Inference, 300, 8); }
 
+// Jobs drawn by the grids with other seeds (103, 101), kept here: the moments
+// at the end of backward once missed a tensor the simulator holds there.
+//   - fp32 GPT-2 (tied embedding), full recompute, at the first layer's
+//     rebuild: the output layer's contribution to the tied embedding's
+//     gradient, waiting in autograd's input buffer for the embedding's own
+//     (5.1% under the simulator before);
+//   - Qwen2-0.5B with the logits kept bound by the loop, at the first layer's
+//     rebuild and the embedding's gradient: the held logits (7% under).
+// The analytic view must not fall more than 3% under the simulator on them.
+TEST(GridAgreement, EndOfBackwardMoments) {
+    auto gpt2 = [] {
+        EstimateRequest r;
+        r.model = "gpt2";
+        r.batch = 3;
+        r.seq = 2048;
+        r.precision = Precision::FP32;
+        r.optimizer = Optimizer::Adafactor;
+        r.optimizer_impl = OptimizerImpl::Fused;
+        r.recompute = Recompute::Full;
+        r.cross_entropy = CrossEntropy::FusedLinear;
+        r.kernels = Kernels::TE;
+        r.gpu_memory = GiB(1024);
+        return r;
+    };
+    auto qwen = [] {
+        EstimateRequest r;
+        r.model = "qwen2-0.5b";
+        r.batch = 3;
+        r.seq = 512;
+        r.precision = Precision::AmpBF16;
+        r.optimizer = Optimizer::Adam;
+        r.recompute = Recompute::Full;
+        r.activation_offload = true;
+        r.cross_entropy = CrossEntropy::Fused;
+        r.logits = LogitsLifetime::Kept;
+        r.parallel.gpus = 2;
+        r.parallel.zero = 1;
+        r.parallel.offload_optimizer = Offload::Cpu;
+        r.gpu_memory = GiB(1024);
+        return r;
+    };
+    for (const EstimateRequest& r : {gpt2(), qwen()}) {
+        const Bytes a = analytic(r).per_gpu.peak_allocated, s = simulated(r).per_gpu.peak_allocated;
+        EXPECT_GE(rel(a, s), -0.03) << "analytic " << format_bytes(a) << " vs simulated " << format_bytes(s) << ": " << request_to_command(r);
+        EXPECT_LE(rel(a, s), 0.05) << "analytic " << format_bytes(a) << " vs simulated " << format_bytes(s) << ": " << request_to_command(r);
+    }
+}
+
 // A model whose layers differ (Qwen3-Next: gated-DeltaNet and gated-attention
 // layers alternate, so its graph is a run of blocks, not one repeated block):
 // training on one GPU with every recompute setting (recompute-every and

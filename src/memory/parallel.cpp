@@ -828,9 +828,11 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // later, its largest gradient pair, not both: as `rebuilt` above).
             // (A loop that holds the logits holds them to the end of backward,
             // through the first layer's rebuild and the embedding's gradient:
-            // held_l in each moment below, as the simulator keeps them.)
+            // held_l in each moment below, as the simulator keeps them. A tied
+            // output layer's gradient waits for the embedding's through the
+            // first layer's rebuild too: tied_grad there, as in the layers'.)
             if (has_layers && recompute > Bytes(0))
-                bwd_end = max(bwd_end, states + held_l + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
+                bwd_end = max(bwd_end, states + held_l + tied_grad + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
                                            max(gather_max, gather_near_first) + block_grad_max + inbwd_end);
             if (embeddings) {
                 const Bytes eg = !grads_per_op ? emb_grad.ceil_div(std::max<std::int64_t>(1, lay.shard)) : emb_grad;
