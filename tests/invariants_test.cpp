@@ -174,7 +174,8 @@ TEST(GridAgreement, LayersThatDiffer) {
     for (const GridKind kind : {GridKind::Single, GridKind::Inference}) {
         Rng rng(21 + static_cast<std::uint64_t>(kind));
         std::vector<GridJob> jobs;
-        for (int tries = 0; jobs.size() < 150 && tries < 3000; ++tries) {
+        const auto want = static_cast<std::size_t>(grid_count(150));
+        for (int tries = 0; jobs.size() < want && tries < 3000 * grid_count(1); ++tries) {
             GridJob j = draw_job(rng, kind);
             j.req.model = tiny;
             j.req.framework.reset();
@@ -189,7 +190,8 @@ TEST(GridAgreement, LayersThatDiffer) {
 namespace {
 
 // Jobs of a kind with a property forced on (e.g. ZeRO-3 for the dp test).
-std::vector<GridJob> grid_with(GridKind kind, int count, std::uint64_t seed, const std::function<bool(EstimateRequest&)>& adjust) {
+std::vector<GridJob> grid_with(GridKind kind, int count_in, std::uint64_t seed, const std::function<bool(EstimateRequest&)>& adjust) {
+    const int count = grid_count(count_in);
     Rng rng(seed);
     std::vector<GridJob> out;
     int tries = 0;

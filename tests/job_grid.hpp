@@ -9,7 +9,9 @@
 // in backward, FSDP1 and no_sync) and keeps those whose layout is valid. A failing job is printed as the gpumem command that reproduces it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,9 +24,30 @@
 
 namespace gpumem::test {
 
+// Other grids than CI's, for hunting (not for CI): GPUMEM_GRID_SEED=N moves
+// every generator's seed by N (every test that draws jobs draws others), and
+// GPUMEM_GRID_SCALE=K draws K times as many jobs per grid (1 to 100), e.g.
+//   GPUMEM_GRID_SEED=100 GPUMEM_GRID_SCALE=4 build/tests/gpumem_tests --gtest_filter='Grid*'
+// Both unset: the fixed grids the tests were written against.
+inline std::uint64_t env_number(const char* name, std::uint64_t fallback) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return fallback;
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    return end && *end == '\0' ? static_cast<std::uint64_t>(n) : fallback;
+}
+inline std::uint64_t grid_seed_shift() {
+    static const std::uint64_t shift = env_number("GPUMEM_GRID_SEED", 0);
+    return shift;
+}
+inline int grid_count(int n) {
+    static const int scale = static_cast<int>(std::min<std::uint64_t>(100, std::max<std::uint64_t>(1, env_number("GPUMEM_GRID_SCALE", 1))));
+    return n * scale;
+}
+
 class Rng {
 public:
-    explicit Rng(std::uint64_t seed) : s_(seed) {}
+    explicit Rng(std::uint64_t seed) : s_(seed + grid_seed_shift()) {}
     std::uint64_t next() {
         std::uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -256,7 +279,8 @@ inline GridJob draw_job(Rng& rng, GridKind kind) {
 }
 
 // `count` valid jobs of a kind, drawn from `seed`.
-inline std::vector<GridJob> job_grid(GridKind kind, int count, std::uint64_t seed) {
+inline std::vector<GridJob> job_grid(GridKind kind, int count_in, std::uint64_t seed) {
+    const int count = grid_count(count_in);
     Rng rng(seed);
     std::vector<GridJob> out;
     int tries = 0;
