@@ -456,3 +456,47 @@ TEST(GridInvariants, ModelStatesFloorIsUnderEveryEstimate) {
         }
     EXPECT_GE(checked, 700);
 }
+
+// Every row of a breakdown is a part of the memory: none is negative, in
+// either view, on any grid (the rows also sum to the total: tested where
+// each view is built).
+TEST(GridInvariants, NoNegativeRow) {
+    for (const GridKind kind : {GridKind::Single, GridKind::DataParallel, GridKind::Sharded, GridKind::Tensor, GridKind::Pipeline, GridKind::Context,
+                                GridKind::Expert, GridKind::Inference}) {
+        for (const auto& j : job_grid(kind, 60, 60 + static_cast<std::uint64_t>(kind))) {
+            for (const EstimateResult& e : {analytic(j.req), simulated(j.req)})
+                for (const auto& row : e.breakdown)
+                    EXPECT_GE(row.bytes.count(), 0) << row.key << " " << format_bytes(row.bytes) << ": " << request_to_command(j.req);
+        }
+    }
+}
+
+// Megatron's fp32 main-gradient buffer (always present) under FSDP with
+// no_sync: the moment at the end of backward counts the buffer, 1/8 of it on
+// each of 8 ranks (4 bytes x Qwen2-0.5B's 494,032,768 parameters,
+// tests/fixtures/groundtruth/param_counts.json, / 8); the gradients row said
+// the unsharded gradients instead and the temporaries row went negative
+// (-349.86 MiB; found with GPUMEM_GRID_SEED=100).
+TEST(GridInvariants, MainGradientBufferUnderNoSyncIsTheRowCounted) {
+    EstimateRequest r;
+    r.model = "qwen2-0.5b";
+    r.batch = 2;
+    r.seq = 256;
+    r.grad_accum = 2;
+    r.precision = Precision::FP16;
+    r.optimizer = Optimizer::SGDMomentum;
+    r.recompute = Recompute::None;
+    r.framework = Framework::Megatron;
+    r.parallel.gpus = 8;
+    r.parallel.fsdp = Fsdp::Hybrid;
+    r.parallel.no_sync = true;
+    r.gpu_memory = GiB(1024);
+    const EstimateResult a = analytic(r);
+    ASSERT_NE(a.per_gpu.peak_phase.find("backward"), std::string::npos);
+    for (const auto& row : a.breakdown) {
+        EXPECT_GE(row.bytes.count(), 0) << row.key;
+        if (row.key == "gradients") {
+            EXPECT_EQ(row.bytes.count(), 4 * std::int64_t{494032768} / 8);
+        }
+    }
+}

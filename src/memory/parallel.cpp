@@ -876,9 +876,11 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 sm.allocated = sm.forward_backward_peak;
                 sm.peak_phase = "backward";
                 if (bwd_end > fb) {
-                    // no_sync: the unsharded gradients kept between micro-batches.
+                    // no_sync: the unsharded gradients kept between micro-batches
+                    // (what the schedule walk counted; with gradients that always
+                    // exist, as Megatron's fp32 main-gradient buffer, it counted G).
                     Bytes g_end = G_step;
-                    if (keep_unsharded) {
+                    if (keep_unsharded && !always) {
                         g_end = Bytes(0);
                         for (const Bytes& cg : chunk_grad) g_end += cg;
                     }
