@@ -188,7 +188,12 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
                                                 : "freed before the optimizer step"});
             if (act.autocast_weight_casts > Bytes(0))
                 out.breakdown.push_back({"autocast_weight_casts", "autocast 16-bit weight copies", std::min(act_live, casts), "saved by matmuls for backward"});
-            if (lora) out.breakdown.push_back({"lora_activations", "LoRA adapter activations", lora_act, "rank-r outputs of the adapters (their inputs, casts, dropped copies and masks are counted as activations)"});
+            // (Each of the three activation rows takes its part of act_live
+            // only: at a peak with fewer activations alive than the casts and
+            // adapters hold, such as the end of backward, the rest is in the
+            // temporaries; the three rows sum to act_live.)
+            const Bytes lora_row = std::min(act_live - std::min(act_live, casts), lora_act);
+            if (lora) out.breakdown.push_back({"lora_activations", "LoRA adapter activations", lora_row, "rank-r outputs of the adapters (their inputs, casts, dropped copies and masks are counted as activations)"});
             out.breakdown.push_back({"transient", "temporaries at the peak", m.transient, "phase: " + m.peak_phase});
             out.breakdown.push_back({"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights, gradients and states beyond their bytes"});
         } else if (train) {
