@@ -26,9 +26,13 @@ TIMELINE = ["estimate", "llama-3.2-1b", "--batch", "4", "--seq", "2048", "--gpu"
 EXAMPLE = ["estimate", "llama-3-8b", "--mode", "train", "--batch", "4", "--seq", "4096", "--gpu", "A100-80GB"]
 
 
-def replace_block(text, name, body):
+def block_span(text, name):
     b, e = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
-    i, j = text.index(b) + len(b), text.index(e)
+    return text.index(b) + len(b), text.index(e)
+
+
+def replace_block(text, name, body):
+    i, j = block_span(text, name)
     return text[:i] + body + text[j:]
 
 BENCH_RESULTS = os.path.join(ROOT, "bench/results/gpumem_bench.json")
@@ -68,7 +72,7 @@ def run_bench(binary):
 
 
 def fmt_time(v):
-    # As Google Benchmark's console prints a time: 3 significant digits, at least none after the point.
+    # As Google Benchmark's console prints a time: 3 significant digits (none after the point from 100 on).
     return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
 
 
@@ -135,9 +139,8 @@ def render_bench(data):
             targets.append(f"| {what} | {op} {limit:g} {unit} | not in this run | |")
             continue
         met = v <= limit if op == "<=" else v >= limit
-        sep = "" if unit == "x" else " "
-        shown = f"{v:.3g}" if unit != "x" else f"{v:.2f}"
-        targets.append(f"| {what} | {op} {limit:g}{sep}{unit} | {shown}{sep}{unit} | {'yes' if met else '**no**'} |")
+        shown, limit_shown = (f"{v:.2f}x", f"{limit:g}x") if unit == "x" else (f"{v:.3g} {unit}", f"{limit:g} {unit}")
+        targets.append(f"| {what} | {op} {limit_shown} | {shown} | {'yes' if met else '**no**'} |")
     return ("Measured with `build/bench/gpumem_bench` (Google Benchmark, Release build, 2-core development machine, one run "
             f"of the build from `{data['built_from']}`, {data['statistic']}; counters ending in _x are ratios to `/bin/true` "
             "started the same way; the numbers are kept in `bench/results/gpumem_bench.json`, which "
@@ -148,7 +151,6 @@ def render_bench(data):
             "builds side by side (`farm-bench --vs`), not across tables.\n\n" + "\n".join(rows) + "\n\n"
             "Issue 16's targets, read from the same run (a simulation is counted flat when the long case takes at most "
             "1.2x the short one; the service's target is the load test's, above):\n\n" + "\n".join(targets) + "\n")
-
 
 
 # Why llm-analysis's parts differ from gpumem's (the sign of each difference,
@@ -215,17 +217,15 @@ def render_llm_analysis(r):
 RESULT_BLOCKS = [("bench", BENCH_RESULTS, render_bench), ("llm-analysis", LLMA_RESULTS, render_llm_analysis)]
 
 
-def block_of(text, name):
-    b, e = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
-    return text[text.index(b) + len(b):text.index(e)]
-
-
 def check():
     text = open(os.path.join(ROOT, "README.md")).read()
-    stale = [name for name, path, render in RESULT_BLOCKS if block_of(text, name) != render(json.load(open(path)))]
-    for name in stale:
-        print(f"README.md: the {name} block is not what {os.path.relpath(dict((n, p) for n, p, _ in RESULT_BLOCKS)[name], ROOT)} "
-              "gives: run python3 scripts/update-readme.py --no-bench")
+    stale = 0
+    for name, path, render in RESULT_BLOCKS:
+        i, j = block_span(text, name)
+        if text[i:j] != render(json.load(open(path))):
+            print(f"README.md: the {name} block is not what {os.path.relpath(path, ROOT)} gives: "
+                  "run python3 scripts/update-readme.py --no-bench")
+            stale += 1
     return 1 if stale else 0
 
 
@@ -266,10 +266,8 @@ def main():
     text = open(path).read()
     if not a.no_bench:
         run_bench(os.path.join(a.build, "bench/gpumem_bench"))
-    if os.path.exists(BENCH_RESULTS):
-        text = replace_block(text, "bench", render_bench(json.load(open(BENCH_RESULTS))))
-    if os.path.exists(LLMA_RESULTS) and "<!-- llm-analysis:begin -->\n" in text:
-        text = replace_block(text, "llm-analysis", render_llm_analysis(json.load(open(LLMA_RESULTS))))
+    for name, results, render in RESULT_BLOCKS:
+        text = replace_block(text, name, render(json.load(open(results))))
     open(path, "w").write(text)
 
 

@@ -260,22 +260,14 @@ TEST(Frameworks, ChunkedLossBackwardOverlapsOneChunk) {
 // two jobs' blocks fall differently). The analytic view once left the logits
 // out at those two moments: 7% under the simulator (found with grid seed 103).
 TEST(Frameworks, KeptLogitsLiveToTheEndOfBackward) {
-    const ModelGraph g = load_model("qwen2-0.5b").value();
-    const std::int64_t b = 3, s = 512, V = 151936;
-    EstimateRequest r;
-    r.model = "qwen2-0.5b";
-    r.batch = b;
-    r.seq = s;
-    r.precision = Precision::AmpBF16;
-    r.optimizer = Optimizer::Adam;
-    r.recompute = Recompute::Full;
-    r.cross_entropy = CrossEntropy::Fused;
-    r.parallel.gpus = 2;
-    r.parallel.zero = 1;
-    r.gpu_memory = GiB(1024);
-    EstimateRequest kept = r, freed = r;
+    const nlohmann::json body = {{"model", "qwen2-0.5b"}, {"batch", 3},         {"seq", 512},   {"precision", "amp-bf16"},
+                                 {"optimizer", "adam"},   {"recompute", "full"}, {"cross-entropy", "fused"}, {"gpus", 2},
+                                 {"zero", 1},             {"gpu-memory", "1024TiB"}};
+    EstimateRequest kept = request_from_json(body).value(), freed = kept;
     kept.logits = LogitsLifetime::Kept;
     freed.logits = LogitsLifetime::Freed;
+    const ModelGraph g = load_model(kept.model).value();
+    const std::int64_t b = kept.batch, s = *kept.seq, V = g.transformer->vocab;  // 151,936 (Qwen2-0.5B's config.json)
     for (bool analytic : {true, false}) {
         kept.analytic = freed.analytic = analytic;
         auto k = analytic ? estimate(g, kept) : simulate_estimate(g, kept);

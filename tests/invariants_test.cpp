@@ -121,38 +121,14 @@ TEST(GridAgreement, Inference) { check_agreement(GridKind::Inference, 300, 8); }
 //     rebuild and the embedding's gradient: the held logits (7% under).
 // The analytic view must not fall more than 3% under the simulator on them.
 TEST(GridAgreement, EndOfBackwardMoments) {
-    auto gpt2 = [] {
-        EstimateRequest r;
-        r.model = "gpt2";
-        r.batch = 3;
-        r.seq = 2048;
-        r.precision = Precision::FP32;
-        r.optimizer = Optimizer::Adafactor;
-        r.optimizer_impl = OptimizerImpl::Fused;
-        r.recompute = Recompute::Full;
-        r.cross_entropy = CrossEntropy::FusedLinear;
-        r.kernels = Kernels::TE;
-        r.gpu_memory = GiB(1024);
-        return r;
-    };
-    auto qwen = [] {
-        EstimateRequest r;
-        r.model = "qwen2-0.5b";
-        r.batch = 3;
-        r.seq = 512;
-        r.precision = Precision::AmpBF16;
-        r.optimizer = Optimizer::Adam;
-        r.recompute = Recompute::Full;
-        r.activation_offload = true;
-        r.cross_entropy = CrossEntropy::Fused;
-        r.logits = LogitsLifetime::Kept;
-        r.parallel.gpus = 2;
-        r.parallel.zero = 1;
-        r.parallel.offload_optimizer = Offload::Cpu;
-        r.gpu_memory = GiB(1024);
-        return r;
-    };
-    for (const EstimateRequest& r : {gpt2(), qwen()}) {
+    const std::vector<nlohmann::json> jobs = {
+        {{"model", "gpt2"}, {"batch", 3}, {"seq", 2048}, {"precision", "fp32"}, {"optimizer", "adafactor"}, {"optimizer-impl", "fused"},
+         {"recompute", "full"}, {"cross-entropy", "fused-linear"}, {"kernels", "te"}, {"gpu-memory", "1024TiB"}},
+        {{"model", "qwen2-0.5b"}, {"batch", 3}, {"seq", 512}, {"precision", "amp-bf16"}, {"optimizer", "adam"}, {"recompute", "full"},
+         {"activation-offload", true}, {"cross-entropy", "fused"}, {"logits", "kept"}, {"gpus", 2}, {"zero", 1}, {"offload-optimizer", "cpu"},
+         {"gpu-memory", "1024TiB"}}};
+    for (const auto& body : jobs) {
+        const EstimateRequest r = request_from_json(body).value();
         const Bytes a = analytic(r).per_gpu.peak_allocated, s = simulated(r).per_gpu.peak_allocated;
         EXPECT_GE(rel(a, s), -0.03) << "analytic " << format_bytes(a) << " vs simulated " << format_bytes(s) << ": " << request_to_command(r);
         EXPECT_LE(rel(a, s), 0.05) << "analytic " << format_bytes(a) << " vs simulated " << format_bytes(s) << ": " << request_to_command(r);
@@ -472,17 +448,10 @@ TEST(GridInvariants, NoNegativeRow) {
     // Found with GPUMEM_GRID_SEED=3000: a QLoRA peak at the end of backward,
     // where no activation is alive, listed the adapters' activations (5.50
     // MiB) anyway and took them back in a negative "unattributed" row.
-    EstimateRequest r;
-    r.model = "mixtral-8x7b";
-    r.mode = Mode::QLora;
-    r.seq = 128;
-    r.lora_rank = 64;
-    r.lora_targets = {"all-linear"};
-    r.precision = Precision::AmpBF16;
-    r.optimizer = Optimizer::PagedAdamW8bit;
-    r.recompute = Recompute::Selective;
-    r.attention = Attention::Eager;
-    r.gpu_memory = GiB(1024);
+    const EstimateRequest r = request_from_json({{"model", "mixtral-8x7b"}, {"mode", "qlora"}, {"seq", 128}, {"lora-rank", 64},
+                                                 {"lora-targets", "all-linear"}, {"precision", "amp-bf16"}, {"optimizer", "paged-adamw8bit"},
+                                                 {"recompute", "selective"}, {"attention", "eager"}, {"gpu-memory", "1024TiB"}})
+                                  .value();
     for (const auto& row : analytic(r).breakdown) EXPECT_GE(row.bytes.count(), 0) << row.key << ": " << request_to_command(r);
 }
 
@@ -493,25 +462,17 @@ TEST(GridInvariants, NoNegativeRow) {
 // the unsharded gradients instead and the temporaries row went negative
 // (-349.86 MiB; found with GPUMEM_GRID_SEED=100).
 TEST(GridInvariants, MainGradientBufferUnderNoSyncIsTheRowCounted) {
-    EstimateRequest r;
-    r.model = "qwen2-0.5b";
-    r.batch = 2;
-    r.seq = 256;
-    r.grad_accum = 2;
-    r.precision = Precision::FP16;
-    r.optimizer = Optimizer::SGDMomentum;
-    r.recompute = Recompute::None;
-    r.framework = Framework::Megatron;
-    r.parallel.gpus = 8;
-    r.parallel.fsdp = Fsdp::Hybrid;
-    r.parallel.no_sync = true;
-    r.gpu_memory = GiB(1024);
+    const EstimateRequest r = request_from_json({{"model", "qwen2-0.5b"}, {"batch", 2}, {"seq", 256}, {"grad-accum", 2}, {"precision", "fp16"},
+                                                 {"optimizer", "sgd-momentum"}, {"recompute", "none"}, {"framework", "megatron"}, {"gpus", 8},
+                                                 {"fsdp", "hybrid"}, {"no-sync", true}, {"gpu-memory", "1024TiB"}})
+                                  .value();
+    const std::int64_t params = test::read_json("tests/fixtures/groundtruth/param_counts.json")["qwen2-0.5b"]["params"];
     const EstimateResult a = analytic(r);
     ASSERT_NE(a.per_gpu.peak_phase.find("backward"), std::string::npos);
     for (const auto& row : a.breakdown) {
         EXPECT_GE(row.bytes.count(), 0) << row.key;
         if (row.key == "gradients") {
-            EXPECT_EQ(row.bytes.count(), 4 * std::int64_t{494032768} / 8);
+            EXPECT_EQ(row.bytes.count(), 4 * params / 8);
         }
     }
 }

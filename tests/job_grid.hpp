@@ -9,13 +9,13 @@
 // in backward, FSDP1 and no_sync) and keeps those whose layout is valid. A failing job is printed as the gpumem command that reproduces it.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "gpumem/core/input.hpp"
 #include "gpumem/memory/job.hpp"
 #include "gpumem/memory/request.hpp"
 #include "gpumem/model/load.hpp"
@@ -29,19 +29,19 @@ namespace gpumem::test {
 // GPUMEM_GRID_SCALE=K draws K times as many jobs per grid (1 to 100), e.g.
 //   GPUMEM_GRID_SEED=100 GPUMEM_GRID_SCALE=4 build/tests/gpumem_tests --gtest_filter='Grid*'
 // Both unset: the fixed grids the tests were written against.
-inline std::uint64_t env_number(const char* name, std::uint64_t fallback) {
+
+// An environment variable's whole number in [lo, hi] (core/input.hpp's
+// parser: a bad value stops the tests with the variable's name), or fallback.
+inline std::int64_t env_number(const char* name, std::int64_t lo, std::int64_t hi, std::int64_t fallback) {
     const char* v = std::getenv(name);
-    if (!v || !*v) return fallback;
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    return end && *end == '\0' ? static_cast<std::uint64_t>(n) : fallback;
+    return v && *v ? parse_int_in_range(v, name, lo, hi) : fallback;
 }
 inline std::uint64_t grid_seed_shift() {
-    static const std::uint64_t shift = env_number("GPUMEM_GRID_SEED", 0);
+    static const auto shift = static_cast<std::uint64_t>(env_number("GPUMEM_GRID_SEED", 0, std::int64_t{1} << 40, 0));
     return shift;
 }
 inline int grid_count(int n) {
-    static const int scale = static_cast<int>(std::min<std::uint64_t>(100, std::max<std::uint64_t>(1, env_number("GPUMEM_GRID_SCALE", 1))));
+    static const auto scale = static_cast<int>(env_number("GPUMEM_GRID_SCALE", 1, 100, 1));
     return n * scale;
 }
 

@@ -179,20 +179,20 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
             out.breakdown.push_back({"optimizer_states", "optimizer states", m.optimizer_states - m.master_weights,
                                      std::string(to_string(req.optimizer)) + ", " + std::string(dtype_name(job.state_dt))});
             if (m.fp8_weights > Bytes(0)) out.breakdown.push_back(fp8_weights_row(job, m));
-            const Bytes casts = opt_phase ? Bytes(0) : act.autocast_weight_casts;
-            const Bytes lora_act = opt_phase || !lora ? Bytes(0) : act.lora_adapters;
-            out.breakdown.push_back({"activations", "activations (saved for backward)", act_live - std::min(act_live, casts + lora_act),
+            // The activations alive at the peak in three rows: autocast's
+            // weight casts, then the adapters' outputs, each at most what is
+            // left of act_live, then the rest. At a peak with fewer activations
+            // alive than the casts and adapters hold (the end of backward) the
+            // remainder is in the temporaries.
+            const Bytes casts_row = std::min(act_live, opt_phase ? Bytes(0) : act.autocast_weight_casts);
+            const Bytes lora_row = std::min(act_live - casts_row, opt_phase || !lora ? Bytes(0) : act.lora_adapters);
+            out.breakdown.push_back({"activations", "activations (saved for backward)", act_live - casts_row - lora_row,
                                      !opt_phase ? "b=" + std::to_string(req.batch) + (g.has_sequence ? " s=" + std::to_string(job.seq) : std::string()) + ", " +
                                                       to_string(req.recompute) + " recompute" +
                                                       (g.transformer ? std::string(", ") + to_string(req.attention) + " attention" : std::string())
                                                 : "freed before the optimizer step"});
             if (act.autocast_weight_casts > Bytes(0))
-                out.breakdown.push_back({"autocast_weight_casts", "autocast 16-bit weight copies", std::min(act_live, casts), "saved by matmuls for backward"});
-            // (Each of the three activation rows takes its part of act_live
-            // only: at a peak with fewer activations alive than the casts and
-            // adapters hold, such as the end of backward, the rest is in the
-            // temporaries; the three rows sum to act_live.)
-            const Bytes lora_row = std::min(act_live - std::min(act_live, casts), lora_act);
+                out.breakdown.push_back({"autocast_weight_casts", "autocast 16-bit weight copies", casts_row, "saved by matmuls for backward"});
             if (lora) out.breakdown.push_back({"lora_activations", "LoRA adapter activations", lora_row, "rank-r outputs of the adapters (their inputs, casts, dropped copies and masks are counted as activations)"});
             out.breakdown.push_back({"transient", "temporaries at the peak", m.transient, "phase: " + m.peak_phase});
             out.breakdown.push_back({"allocator_rounding", "allocator rounding", m.rounding, "blocks of the weights, gradients and states beyond their bytes"});

@@ -291,6 +291,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     // whole model chunk from the start (param_and_grad_buffer.py); the
     // optimizer reads it in place, no fp32 copy.
     const bool grad_buffer = job.train && job.master > Bytes(0) && job.tdt == DType::F32;
+    // Every gradient exists the whole step (zero_grad(set_to_none=False), or
+    // that buffer): the schedule walk and the phases below count all of them.
+    const bool always = job.req.zero_grad == ZeroGrad::Zero || grad_buffer;
     const Bytes half_unit = dtype_bytes(job.half, 1);
     const std::int64_t m = std::max<std::int64_t>(1, lay.micro_batches);
     const Bytes hidden_tok = g.transformer ? dtype_bytes(job.actx.stream, checked_mul(checked_mul(job.req.batch, s_local), g.transformer->hidden))
@@ -685,7 +688,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             loads.grad = chunk_grad;
             loads.tail_grad = chunk_tail_grad;
             loads.all_grads = G;
-            loads.always_grads = job.req.zero_grad == ZeroGrad::Zero || grad_buffer;
+            loads.always_grads = always;
             loads.embedding_rank = r == 0;
             pipeline_schedule_runs(p, vpp, m_sim, r, schedule_runs);
             walk = walk_schedule(loads, schedule_runs);
@@ -714,7 +717,6 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
 
         // ---- phases ------------------------------------------------------------------
         if (job.train) {
-            const bool always = job.req.zero_grad == ZeroGrad::Zero || grad_buffer;
             const bool kept = always || g_at_peak > Bytes(0);
             // Gradient bytes with their share of the allocator's rounding.
             auto with_round = [&](Bytes gb) {
@@ -728,6 +730,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // Loss head on this rank (vocab-parallel over tp).
             const Bytes ll = head ? logits_low : Bytes(0);
             const Bytes held_l = head ? held_logits : Bytes(0);
+            // From the end of backward to the optimizer step: the states and the
+            // logits a loop holds to the next forward (as the simulator keeps them).
+            const Bytes end_held = states + held_l;
             const Bytes pipeline_grad_in = (p > 1 && r != p - 1) ? scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0) : Bytes(0);
             // The moments of a micro-batch's step where memory peaks, each as
             // (activations alive, temporaries); `base` is what is held throughout.
@@ -822,26 +827,23 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // Optimizer in backward: no gradient is left, one tensor's step in
             // flight (the first block's here unless it is the embedding, below).
             const Bytes inbwd_end = embeddings ? inbwd_tmp : max(inbwd_tmp, inbwd_first);
-            Bytes bwd_end = states + held_l + end_base + end_round + grad_pair + max(gather_max, gather_near_first) + block_grad_max + inbwd_end;
+            Bytes bwd_end = end_held + end_base + end_round + grad_pair + max(gather_max, gather_near_first) + block_grad_max + inbwd_end;
             // Full recompute: the first layer is rebuilt with nearly every
             // gradient made (its saves with its largest forward transient or,
             // later, its largest gradient pair, not both: as `rebuilt` above).
-            // (A loop that holds the logits holds them to the end of backward,
-            // through the first layer's rebuild and the embedding's gradient:
-            // held_l in each moment below, as the simulator keeps them. A tied
-            // output layer's gradient waits for the embedding's through the
-            // first layer's rebuild too: tied_grad there, as in the layers'.)
+            // (A tied output layer's gradient waits for the embedding's through
+            // the first layer's rebuild too: tied_grad there, as in the layers'.)
             if (has_layers && recompute > Bytes(0))
-                bwd_end = max(bwd_end, states + held_l + tied_grad + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
+                bwd_end = max(bwd_end, end_held + tied_grad + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
                                            max(gather_max, gather_near_first) + block_grad_max + inbwd_end);
             if (embeddings) {
                 const Bytes eg = !grads_per_op ? emb_grad.ceil_div(std::max<std::int64_t>(1, lay.shard)) : emb_grad;
                 const Bytes extra = (!grads_per_op ? grad_first : Bytes(0)) + tied_grad * (!grads_per_op ? 1 : 2) + gather_first +
                                     scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0);
                 if (end_emb_new_seen)
-                    bwd_end = max(bwd_end, states + held_l + end_emb_new + end_round + extra +
+                    bwd_end = max(bwd_end, end_held + end_emb_new + end_round + extra +
                                                (inbwd ? inbwd_first : grad_buffer || !grads_per_op ? Bytes(0) : (job.amp && job.tdt == DType::F32 ? Bytes(eg.count() / 2) : Bytes(0))));
-                if (end_emb_acc_seen) bwd_end = max(bwd_end, states + held_l + end_emb_acc + end_round + extra + (grad_buffer ? Bytes(0) : eg));
+                if (end_emb_acc_seen) bwd_end = max(bwd_end, end_held + end_emb_acc + end_round + extra + (grad_buffer ? Bytes(0) : eg));
             }
             // Optimizer step over this rank's tensors (torch/optim/adam.py):
             // foreach allocates one state-sized list at once (_foreach_sqrt);
@@ -860,7 +862,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 if (job.master > Bytes(0) && job.tdt != DType::F32) t_opt += dtype_bytes(DType::F32, opt_elems);
             }
             const Bytes G_step = inbwd ? Bytes(0) : G;  // optimizer in backward: optimizer.step() has nothing left to do
-            const Bytes opt = states + held_l + G_step + round_grads + t_opt;
+            const Bytes opt = end_held + G_step + round_grads + t_opt;
             sm.forward_backward_peak = max(fb, bwd_end);
             sm.optimizer_peak = opt;
             sm.gradients_kept = kept;
