@@ -475,4 +475,17 @@ TEST(GridInvariants, MainGradientBufferUnderNoSyncIsTheRowCounted) {
             EXPECT_EQ(row.bytes.count(), 4 * params / 8);
         }
     }
+    // The simulator: no_sync's last reduce-scatter lands in that buffer too
+    // (it allocated a second fp32 slice of every layer's gradients, and the
+    // analytic view was 7.5% under it), so the gradients alive at its peak
+    // are the buffer's shard alone, as without no_sync.
+    const EstimateResult s = simulated(r);
+    for (const auto& row : s.breakdown) {
+        if (row.key == "gradients") {
+            EXPECT_EQ(row.bytes.count(), 4 * params / 8) << "simulated";
+        }
+    }
+    const double ratio = static_cast<double>(a.per_gpu.peak_allocated.count()) / static_cast<double>(s.per_gpu.peak_allocated.count());
+    EXPECT_GE(ratio, 0.97);
+    EXPECT_LE(ratio, 1.05);
 }

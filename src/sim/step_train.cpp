@@ -779,12 +779,16 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
         em_.unref(full_grads);
     } else if (shard_grads_ && no_sync_ && final_mb_ && block_grad_[pi] > Bytes(0)) {
         // no_sync's last micro-batch: the accumulated unsharded gradients are
-        // reduce-scattered into this rank's slice, then freed.
-        if (param_grad_label_ < 0) param_grad_label_ = em_.label("parameter gradients");
-        std::int64_t& slot = grads_[std::make_pair(-1 - chunk_, slice_key_++)];
-        const Bytes slice = block_grad_[pi].ceil_div(job_.layout.shard);
-        if (slot == 0) slot = em_.alloc(slice, param_grad_label_);
-        else em_.transient(slice, param_grad_label_);
+        // reduce-scattered into this rank's slice, then freed. Megatron's fp32
+        // main-gradient buffer is that slice (as param_grad's reduce-scatter
+        // without no_sync lands in it): nothing more is allocated.
+        if (!grad_buffer_) {
+            if (param_grad_label_ < 0) param_grad_label_ = em_.label("parameter gradients");
+            std::int64_t& slot = grads_[std::make_pair(-1 - chunk_, slice_key_++)];
+            const Bytes slice = block_grad_[pi].ceil_div(job_.layout.shard);
+            if (slot == 0) slot = em_.alloc(slice, param_grad_label_);
+            else em_.transient(slice, param_grad_label_);
+        }
         for (std::size_t k = first_key; k < grad_key_; ++k) {
             auto it = grads_.find(std::make_pair(chunk_, k));
             if (it == grads_.end() || it->second == 0) continue;
