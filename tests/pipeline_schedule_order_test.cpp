@@ -135,3 +135,35 @@ TEST(PipelineScheduleOrder, WalkByRunsEqualsWalkByOps) {
     EXPECT_GT(walks, 2000);
     EXPECT_GT(skipped, 1000);  // the grid reaches runs long enough to skip units
 }
+
+// The backward start the walk reports (ScheduleWalk::bwd_*), by hand: 1F1B on
+// stage 0 of 4 with 4 micro-batches runs F0 F1 F2 F3 B0 B1 B2 B3. A chunk of
+// 10,000 bytes of activations and 15,000 of gradients: B0 starts with 40,000
+// in flight and no gradient (40,000), B1 with 30,000 and every gradient
+// (45,000), B2 35,000, B3 25,000: B1's start. The forward peak stays F3's
+// (40,000 in flight, no gradient).
+TEST(PipelineScheduleWalk, BackwardStartWithTheGradientsMade) {
+    const std::vector<Bytes> act{Bytes(10'000)}, none{Bytes(0)}, grad{Bytes(15'000)};
+    ScheduleLoads in;
+    in.act = act;
+    in.nl = none;
+    in.gather = none;
+    in.grad = grad;
+    in.tail_grad = none;
+    in.all_grads = Bytes(15'000);
+    in.embedding_rank = true;
+    for (const bool by_runs : {false, true}) {
+        const ScheduleWalk w = by_runs ? walk_schedule(in, pipeline_schedule_runs(4, 1, 4, 0)) : walk_schedule(in, pipeline_schedule(4, 1, 4, 0));
+        EXPECT_TRUE(w.bwd_seen);
+        EXPECT_EQ(w.bwd_act.count(), 30'000);
+        EXPECT_EQ(w.bwd_g.count(), 15'000);
+        EXPECT_EQ(w.act_peak.count(), 40'000);
+        EXPECT_EQ(w.g_at_peak.count(), 0);
+        // Gradients that exist throughout (Megatron's buffer): B0's start.
+        ScheduleLoads always = in;
+        always.always_grads = true;
+        const ScheduleWalk a = by_runs ? walk_schedule(always, pipeline_schedule_runs(4, 1, 4, 0)) : walk_schedule(always, pipeline_schedule(4, 1, 4, 0));
+        EXPECT_EQ(a.bwd_act.count(), 40'000);
+        EXPECT_EQ(a.bwd_g.count(), 15'000);
+    }
+}

@@ -694,7 +694,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             walk = walk_schedule(loads, schedule_runs);
         }
         const auto& [act_peak, act_nl_peak, kept_gather, g_at_peak, inflight_peak, end_base, end_first_layer, end_emb_new, end_emb_acc, end_emb_new_seen,
-                     end_emb_acc_seen] = walk;
+                     end_emb_acc_seen, bwd_act, bwd_nl, bwd_gather, bwd_g, bwd_seen] = walk;
         sm.activations = act_peak;
         sm.activations_at_peak = act_peak;
         sm.in_flight = std::max<std::int64_t>(1, inflight_peak);
@@ -741,6 +741,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 const char* phase;
                 Bytes act, tmp, gather;  // activations alive, temporaries, gathered parameters
                 Bytes layers;            // the transformer layers' part of act + tmp (Megatron's CUDA graph pool)
+                Bytes grads{};           // gradients (with their rounding) beyond base's g_kept (a backward's start, bwd_g)
+                bool bwd_start = false;  // at a backward's start: its gradients are bwd_g, not g_kept's
+                [[nodiscard]] Bytes sum() const { return act + tmp + gather + grads; }
             };
             static thread_local std::vector<Moment> moments;  // (one allocation per thread, not per rank)
             moments.clear();
@@ -814,11 +817,32 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 const Bytes rebuilt = recompute > Bytes(0) ? recompute - std::min(recompute, recompute_largest) + max(max(grad_pair, dequant), recompute_largest)
                                                            : max(grad_pair, dequant);
                 moments.push_back({"backward", layers_act - trail, common + rebuilt, gather_max, layer_part(layers_act - trail) + rebuilt});
+                // The same two at the start of the backward where what is in
+                // flight and the gradients made so far peak (walk.bwd_*): a
+                // pipeline's cool-down backward runs with fewer micro-batches
+                // in flight than the forward peak, but with the gradients the
+                // first backward made (1F1B with m = pp on stage 0: every
+                // forward before the first backward, whose gradients the second
+                // holds with pp - 1 micro-batches). Its gathered parameters are
+                // the ones kept then; an output layer's gradient held through
+                // the layers is among the gradients made, once.
+                if (bwd_seen) {
+                    const Bytes g_b = with_round(always ? G : bwd_g) - g_kept;
+                    const Bytes acts_b = bwd_act - std::min(bwd_act, head_saved);
+                    const Bytes trail_b = std::min(acts_b, recompute_trailing);
+                    const Bytes emb_b = bwd_nl - std::min(bwd_nl, head_saved);
+                    const auto layer_part_b = [&](Bytes a) { return a - std::min(a, emb_b); };
+                    const Bytes common_b = common - (bwd_g > Bytes(0) ? head_grad_held : Bytes(0));
+                    const Bytes gather_b = gather_max + bwd_gather - kept_gather;
+                    if (trail_b > Bytes(0))
+                        moments.push_back({"backward", acts_b, common_b + max(grad_pair, dequant), gather_b, layer_part_b(acts_b) + max(grad_pair, dequant), g_b, true});
+                    moments.push_back({"backward", acts_b - trail_b, common_b + rebuilt, gather_b, layer_part_b(acts_b - trail_b) + rebuilt, g_b, true});
+                }
             }
             Moment worst = moments.front();
             for (const auto& mo : moments)
-                if (mo.act + mo.tmp + mo.gather > worst.act + worst.tmp + worst.gather) worst = mo;
-            const Bytes fb = base + worst.act + worst.tmp + worst.gather;
+                if (mo.sum() > worst.sum()) worst = mo;
+            const Bytes fb = base + worst.sum();
             // Backward end: every gradient exists; the embedding's arrives (amp:
             // a 16-bit gradient cast to fp32; accumulation: computed, added, freed)
             // next to its output's gradient and, when tied, the output layer's
@@ -897,6 +921,12 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                     sm.activations_at_peak = worst.act;
                     sm.gathered_params = kept_gather + worst.gather;
                     sm.transient = worst.tmp;
+                    if (worst.bwd_start) {
+                        const Bytes g_exact = always ? G : bwd_g;
+                        sm.gradients_kept = sm.gradients_kept || g_exact > Bytes(0);
+                        sm.gradients_at_peak = g_exact;
+                        sm.rounding = round_states + (with_round(g_exact) - g_exact);
+                    }
                 }
             }
             // CUDA graphs (memory/framework.hpp): the graphs' private pool keeps
@@ -918,7 +948,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                     pool_max = max(pool_max, pool);
                     general_max = max(general_max, total - pool);
                 };
-                for (const auto& mo : moments) add(base + mo.act + mo.tmp + mo.gather, pool_of(mo));
+                for (const auto& mo : moments) add(base + mo.sum(), pool_of(mo));
                 // Backward end: the first layer's gradient pair (and rebuild) in the
                 // pool; compile: everything but the states and gathered parameters.
                 const Bytes end_general = states + max(gather_max, gather_near_first);

@@ -153,6 +153,16 @@ struct Walker {
     }
     void backward(std::size_t ch) {
         const bool was_done = done[ch] != 0;
+        // Its start: this chunk's activations in flight, the gradients made
+        // so far (a chunk backwarded before has all of its own).
+        const Bytes g_before = in.always_grads ? in.all_grads : g_present;
+        if (!out.bwd_seen || cur + cur_gather + g_before > out.bwd_act + out.bwd_gather + out.bwd_g) {
+            out.bwd_seen = true;
+            out.bwd_act = cur;
+            out.bwd_nl = cur_nl;
+            out.bwd_gather = cur_gather;
+            out.bwd_g = g_before;
+        }
         const Bytes after = cur - in.act[ch] + cur_gather - in.gather[ch] + (in.always_grads ? in.all_grads : g_present + (was_done ? Bytes(0) : in.grad[ch]));
         out.end_base = max(out.end_base, after);
         // The chunk's first layer, backwarded last: every other gradient of

@@ -169,6 +169,15 @@ struct ScheduleWalk {
     // new gradients; after the embedding's backward (new or accumulated gradient).
     Bytes end_base, end_first_layer, end_emb_new, end_emb_acc;
     bool end_emb_new_seen = false, end_emb_acc_seen = false;
+    // At the start of the backward where activations + gathered parameters +
+    // the gradients already made peak (the first such): its own chunk's
+    // activations still in flight. A pipeline's cool-down backwards run with
+    // fewer micro-batches in flight than the forward peak but with gradients
+    // the forward peak did not have yet (1F1B with m = pp: stage 0 runs every
+    // forward before its first backward, so its forward peak holds no gradient,
+    // while its second backward holds all of them and pp - 1 micro-batches).
+    Bytes bwd_act, bwd_nl, bwd_gather, bwd_g;
+    bool bwd_seen = false;
     friend bool operator==(const ScheduleWalk&, const ScheduleWalk&) = default;
 };
 // Op by op (the definition).
