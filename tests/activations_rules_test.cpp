@@ -84,3 +84,34 @@ TEST(ActivationRules, Gpt2DropoutMasks) {
                    activations(without, b, s, Precision::FP32, Attention::Eager, Recompute::None);
     EXPECT_EQ(d, (2 * L + 1) * b * s * h * 1 + L * b * a * s * s * (1 + 4));
 }
+
+// A fused linear cross-entropy (Liger's LigerFusedLinearCrossEntropyLoss)
+// never makes the logits: the rewrite drops the ops between the output
+// projection and the loss, and the tensors they made (the fp32 logits,
+// log_softmax's output) are made by no op. The largest tensor, the block the
+// analytic reserved peak keeps cached, is then the largest one an op makes: a
+// decoder layer's MLP intermediate [b, s, intermediate] in bf16 (LlamaMLP:
+// gate_proj / up_proj outputs, act_fn(gate) * up), which for this model is
+// larger than the fp32 chunk [b s, hidden] the fused loss works on. It was
+// the whole fp32 logits [b, s, vocab], 60 times as large.
+TEST(ActivationRules, LargestTensorIsOneAnOpMakes) {
+    const nlohmann::json cfg = {{"model_type", "llama"},       {"hidden_size", 256},        {"num_attention_heads", 8},
+                                {"num_key_value_heads", 2},     {"intermediate_size", 688},  {"num_hidden_layers", 2},
+                                {"vocab_size", 32000},          {"max_position_embeddings", 8192}};
+    const ModelGraph g = load_hf_config_json(cfg, "test llama").value();
+    const std::int64_t b = 2, s = 1024;
+    EstimateRequest req;
+    req.batch = b;
+    req.seq = s;
+    req.precision = Precision::BF16;
+    req.attention = Attention::Flash;
+    req.recompute = Recompute::None;
+    req.cross_entropy = CrossEntropy::FusedLinear;
+    req.analytic = true;
+    const auto r = estimate(g, req);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const std::int64_t mlp = b * s * 688 * 2, chunk = b * s * 256 * 4, logits = b * s * 32000 * 4;
+    ASSERT_GT(mlp, chunk);
+    EXPECT_EQ(r.value().activation_detail.largest_tensor.count(), mlp);
+    EXPECT_LT(r.value().activation_detail.largest_tensor.count(), logits / 50);
+}

@@ -384,7 +384,7 @@ struct InstanceScratch {
     std::vector<DType> dt;
     std::vector<TensorId> storage;
     std::vector<Bytes> bytes, pair, saved_by, rebuilt;
-    std::vector<char> rg, marked, fused_away, split, core_out, counted;
+    std::vector<char> rg, marked, fused_away, split, core_out, counted, made;
 };
 
 InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool input_rg) {
@@ -409,6 +409,17 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         for (const Op& op : blk.ops)
             if (op.flags & kAttnCore)
                 for (auto t : op.outputs) fused_away[static_cast<std::size_t>(t)] = 1;
+    // Only tensors an op makes are ever allocated: a kernel rewrite
+    // (model/rewrite.hpp) leaves the tensors of the ops it removed in the
+    // list (a fused linear cross-entropy's fp32 logits and log_softmax, never
+    // made), and they were the largest tensor the analytic reserved peak
+    // keeps cached: qwen2-0.5b LoRA at batch 2, seq 8192 with
+    // --cross-entropy fused-linear reserved b x s x V x 4 = 9.27 GiB of
+    // logits it never makes (29.24 GiB against the simulator's 20.62 GiB).
+    std::vector<char>& made = scratch.made;
+    made.assign(n, 0);
+    for (const Op& op : blk.ops)
+        for (auto t : op.outputs) made[static_cast<std::size_t>(t)] = 1;
     std::vector<char>& split = scratch.split;
     tp_split_flags(blk, split);
     for (std::size_t i = 0; i < n; ++i) {
@@ -418,7 +429,7 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         storage[i] = static_cast<TensorId>(i);
         if (t.alias_of >= 0 && dt[static_cast<std::size_t>(t.alias_of)] == dt[i])
             storage[i] = storage[static_cast<std::size_t>(t.alias_of)];
-        if (storage[i] == static_cast<TensorId>(i) && i > 0 && !fused_away[i]) {
+        if (storage[i] == static_cast<TensorId>(i) && i > 0 && !fused_away[i] && made[i]) {
             r.largest = max(r.largest, bytes[i]);
             r.working_set += bytes[i];
         }
