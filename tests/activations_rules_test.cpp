@@ -11,10 +11,10 @@ using namespace gpumem;
 
 namespace {
 
-ModelGraph llama(std::int64_t layers) {
+ModelGraph llama(std::int64_t layers, std::int64_t vocab = 1000) {
     const nlohmann::json cfg = {{"model_type", "llama"},       {"hidden_size", 256},        {"num_attention_heads", 8},
                                 {"num_key_value_heads", 2},     {"intermediate_size", 688},  {"num_hidden_layers", layers},
-                                {"vocab_size", 1000},           {"max_position_embeddings", 8192}};
+                                {"vocab_size", vocab},          {"max_position_embeddings", 8192}};
     return load_hf_config_json(cfg, "test llama").value();
 }
 
@@ -95,10 +95,7 @@ TEST(ActivationRules, Gpt2DropoutMasks) {
 // larger than the fp32 chunk [b s, hidden] the fused loss works on. It was
 // the whole fp32 logits [b, s, vocab], 60 times as large.
 TEST(ActivationRules, LargestTensorIsOneAnOpMakes) {
-    const nlohmann::json cfg = {{"model_type", "llama"},       {"hidden_size", 256},        {"num_attention_heads", 8},
-                                {"num_key_value_heads", 2},     {"intermediate_size", 688},  {"num_hidden_layers", 2},
-                                {"vocab_size", 32000},          {"max_position_embeddings", 8192}};
-    const ModelGraph g = load_hf_config_json(cfg, "test llama").value();
+    const ModelGraph g = llama(2, 32000);  // hidden 256, intermediate 688
     const std::int64_t b = 2, s = 1024;
     EstimateRequest req;
     req.batch = b;
