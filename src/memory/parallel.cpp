@@ -615,6 +615,11 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                             // Forward: the earlier layers stay gathered (never more than
                             // all of them, counted with the micro-batch in flight below).
                             kept += seq_sizes[k];
+                            // Backward reshards each unit after its own backward, so the
+                            // embedding's backward, the last, holds its own unit still
+                            // (the schedule walk's end-of-backward moments have let go
+                            // of every kept one, this chunk's included).
+                            if (seq_kind[k] == 0) gather_first = max(gather_first, seq_sizes[k]);
                         } else {
                             // A layer next to the embedding or the output layer counts
                             // at that block's moment (start/end of the pass).
