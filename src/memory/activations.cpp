@@ -384,7 +384,7 @@ struct InstanceScratch {
     std::vector<DType> dt;
     std::vector<TensorId> storage;
     std::vector<Bytes> bytes, pair, saved_by, rebuilt;
-    std::vector<char> rg, marked, fused_away, split, core_out, counted, made;
+    std::vector<char> rg, marked, allocated, split, core_out, counted;
     struct AdapterMoment {
         std::size_t op, x;  // the adapted op, its input's storage
         Bytes moment;       // the adapter's temporaries (without x)
@@ -405,27 +405,25 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
     rg.assign(n, 0);
     marked.assign(n, 0);
     InstanceResult r;
-    // Fused attention (SDPA/flash) never materialises the core's tensors
-    // (scores, probabilities, dropout mask): they are not candidates for the
-    // largest tensor or the working set.
-    std::vector<char>& fused_away = scratch.fused_away;
-    fused_away.assign(n, 0);
-    if (ctx.attention == Attention::Flash)
-        for (const Op& op : blk.ops)
-            if (op.flags & kAttnCore)
-                for (auto t : op.outputs) fused_away[static_cast<std::size_t>(t)] = 1;
-    // Only tensors an op makes are ever allocated: a kernel rewrite
-    // (model/rewrite.hpp) leaves the tensors of the ops it removed in the
-    // list (a fused linear cross-entropy's fp32 logits and log_softmax, never
-    // made), and they were the largest tensor the analytic reserved peak
-    // keeps cached: qwen2-0.5b LoRA at batch 2, seq 8192 with
-    // --cross-entropy fused-linear reserved b x s x V x 4 = 9.27 GiB of
-    // logits it never makes (29.24 GiB against the simulator's 20.62 GiB).
     scratch.adapter_moments.clear();
-    std::vector<char>& made = scratch.made;
-    made.assign(n, 0);
-    for (const Op& op : blk.ops)
-        for (auto t : op.outputs) made[static_cast<std::size_t>(t)] = 1;
+    // The tensors the block allocates, the candidates for the largest tensor
+    // and the working set: those an op makes. Fused attention (SDPA/flash)
+    // never materialises the core's (scores, probabilities, dropout mask).
+    // A kernel rewrite (model/rewrite.hpp) leaves the tensors of the ops it
+    // removed in the list (a fused linear cross-entropy's fp32 logits and
+    // log_softmax, never made): they were the largest tensor the analytic
+    // reserved peak keeps cached, qwen2-0.5b LoRA at batch 2, seq 8192 with
+    // --cross-entropy fused-linear reserving b x s x V x 4 = 9.27 GiB of
+    // logits it never makes (29.24 GiB against the simulator's 20.62 GiB).
+    std::vector<char>& allocated = scratch.allocated;
+    allocated.assign(n, 0);
+    for (const Op& op : blk.ops) {
+        const bool fused_away = ctx.attention == Attention::Flash && (op.flags & kAttnCore);
+        for (auto t : op.outputs) {
+            char& a = allocated[static_cast<std::size_t>(t)];
+            a = fused_away ? 2 : a == 0 ? 1 : a;  // 2: a fused core's, whatever else makes it
+        }
+    }
     std::vector<char>& split = scratch.split;
     tp_split_flags(blk, split);
     for (std::size_t i = 0; i < n; ++i) {
@@ -435,7 +433,7 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
         storage[i] = static_cast<TensorId>(i);
         if (t.alias_of >= 0 && dt[static_cast<std::size_t>(t.alias_of)] == dt[i])
             storage[i] = storage[static_cast<std::size_t>(t.alias_of)];
-        if (storage[i] == static_cast<TensorId>(i) && i > 0 && !fused_away[i] && made[i]) {
+        if (storage[i] == static_cast<TensorId>(i) && i > 0 && allocated[i] == 1) {
             r.largest = max(r.largest, bytes[i]);
             r.working_set += bytes[i];
         }
@@ -609,7 +607,7 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
     // recompute) peaked there in the simulator above the analytic view:
     // qwen2-0.5b LoRA all-linear, batch 3, seq 2048, amp-bf16, full recompute,
     // fused linear cross-entropy, -4.1%.
-    if (!scratch.adapter_moments.empty()) {
+    {
         Bytes later;
         std::size_t next = blk.ops.size();
         for (auto it = scratch.adapter_moments.rbegin(); it != scratch.adapter_moments.rend(); ++it) {

@@ -804,45 +804,45 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // unsharded gradients; the output layer's saved tensors are gone and a
             // tied output layer's gradient waits for the embedding's.
             {
-                // With --recompute-every, the uncheckpointed layers after the last
-                // checkpointed one run their backward (no rebuild) and free their
-                // saves before the first rebuild.
-                const Bytes layers_act = act_peak - std::min(act_peak, head_saved);
-                const Bytes trail = std::min(layers_act, recompute_trailing);
                 // The output layer's new weight gradient (untied, or the last
                 // stage's tied copy) is held through the layers' backward.
                 const Bytes head_grad_held = head && grads_per_op && !grad_buffer && !kept && !inbwd ? head_wgrad : Bytes(0);
                 const Bytes common = held_output + held_l + tied_grad + head_grad_held + block_grad_max + pipeline_grad_in + inbwd_tmp;
-                // The embeddings' saves are not the layers'.
-                const Bytes emb_act = act_nl_peak - std::min(act_nl_peak, head_saved);
-                const auto layer_part = [&](Bytes a) { return a - std::min(a, emb_act); };
-                if (trail > Bytes(0)) moments.push_back({"backward", layers_act, common + max(grad_pair, dequant), gather_max, layer_part(layers_act) + max(grad_pair, dequant)});
                 // The rebuilt layer's saves, with its largest forward transient or
                 // (later) its largest gradient pair, not both.
                 const Bytes rebuilt = recompute > Bytes(0) ? recompute - std::min(recompute, recompute_largest) + max(max(grad_pair, dequant), recompute_largest)
                                                            : max(grad_pair, dequant);
-                moments.push_back({"backward", layers_act - trail, common + rebuilt, gather_max, layer_part(layers_act - trail) + rebuilt});
-                // The same two at the start of the backward where what is in
-                // flight and the gradients made so far peak (walk.bwd_*): a
-                // pipeline's cool-down backward runs with fewer micro-batches
-                // in flight than the forward peak, but with the gradients the
-                // first backward made (1F1B with m = pp on stage 0: every
-                // forward before the first backward, whose gradients the second
-                // holds with pp - 1 micro-batches). Its gathered parameters are
-                // the ones kept then; an output layer's gradient held through
-                // the layers is among the gradients made, once.
-                if (bwd_seen) {
-                    const Bytes g_b = with_round(always ? G : bwd_g) - g_kept;
-                    const Bytes acts_b = bwd_act - std::min(bwd_act, head_saved);
-                    const Bytes trail_b = std::min(acts_b, recompute_trailing);
-                    const Bytes emb_b = bwd_nl - std::min(bwd_nl, head_saved);
-                    const auto layer_part_b = [&](Bytes a) { return a - std::min(a, emb_b); };
-                    const Bytes common_b = common - (bwd_g > Bytes(0) ? head_grad_held : Bytes(0));
-                    const Bytes gather_b = gather_max + bwd_gather - kept_gather;
-                    if (trail_b > Bytes(0))
-                        moments.push_back({"backward", acts_b, common_b + max(grad_pair, dequant), gather_b, layer_part_b(acts_b) + max(grad_pair, dequant), g_b, true});
-                    moments.push_back({"backward", acts_b - trail_b, common_b + rebuilt, gather_b, layer_part_b(acts_b - trail_b) + rebuilt, g_b, true});
-                }
+                // Over the activations in flight `act` (`nl` of them outside the
+                // layers), with the temporaries `tmp`, gathered parameters and
+                // gradients beyond base's.
+                const auto layer_moments = [&](Bytes act, Bytes nl, Bytes tmp, Bytes gather, Bytes grads, bool at_bwd_start) {
+                    // With --recompute-every, the uncheckpointed layers after the last
+                    // checkpointed one run their backward (no rebuild) and free their
+                    // saves before the first rebuild.
+                    const Bytes layers_act = act - std::min(act, head_saved);
+                    const Bytes trail = std::min(layers_act, recompute_trailing);
+                    // The embeddings' saves are not the layers'.
+                    const Bytes emb_act = nl - std::min(nl, head_saved);
+                    const auto layer_part = [&](Bytes a) { return a - std::min(a, emb_act); };
+                    if (trail > Bytes(0))
+                        moments.push_back({"backward", layers_act, tmp + max(grad_pair, dequant), gather, layer_part(layers_act) + max(grad_pair, dequant), grads,
+                                           at_bwd_start});
+                    moments.push_back({"backward", layers_act - trail, tmp + rebuilt, gather, layer_part(layers_act - trail) + rebuilt, grads, at_bwd_start});
+                };
+                // At the forward peak (what is in flight and kept there).
+                layer_moments(act_peak, act_nl_peak, common, gather_max, Bytes(0), false);
+                // At the start of the backward where what is in flight and the
+                // gradients made so far peak (walk.bwd_*): a pipeline's
+                // cool-down backward runs with fewer micro-batches in flight than
+                // the forward peak, but with the gradients the first backward made
+                // (1F1B with m = pp on stage 0: every forward before the first
+                // backward, whose gradients the second holds with pp - 1
+                // micro-batches). Its gathered parameters are the ones kept then;
+                // an output layer's gradient held through the layers is among the
+                // gradients made, once.
+                if (bwd_seen)
+                    layer_moments(bwd_act, bwd_nl, common - (bwd_g > Bytes(0) ? head_grad_held : Bytes(0)), gather_max + bwd_gather - kept_gather,
+                                  with_round(always ? G : bwd_g) - g_kept, true);
             }
             Moment worst = moments.front();
             for (const auto& mo : moments)
