@@ -196,6 +196,47 @@ TEST(GridAgreement, GradOpEmbeddingUnitAtTheEndOfBackward) {
     expect_close(r);
 }
 
+// QLoRA under FSDP: the first layer's backward, the last of the step (the
+// embedding's unit prefetched), dequantizes its 4-bit weights like every other
+// layer's. The backward-end moment counted the layer's gradient pair without
+// the dequantized weight (32 MiB for llama-3.2-1b's MLP projections), 5% under
+// the simulator (GPUMEM_GRID_SEED=800).
+TEST(GridAgreement, QloraDequantAtTheEndOfBackward) {
+    const EstimateRequest r = request_from_json({{"model", "llama-3.2-1b"}, {"mode", "qlora"}, {"seq", 128}, {"grad-accum", 2}, {"precision", "bf16"},
+                                                 {"recompute", "none"}, {"framework", "torchtune"}, {"cross-entropy", "fused-linear"}, {"logits", "kept"},
+                                                 {"gpus", 16}, {"fsdp", "full"}, {"no-sync", true}, {"gpu-memory", "1024TiB"}})
+                                  .value();
+    expect_close(r);
+}
+
+// FSDP1 SHARD_GRAD_OP under no_sync frees no unit's gathered parameters in
+// its post-backward until gradients sync (torch/distributed/fsdp/
+// _runtime_utils.py _should_free_in_backward): from the second micro-batch on
+// every unit is unsharded, so at the peak each rank holds all of Qwen2-0.5B's
+// 494,032,768 parameters in bf16 beside the unsharded gradients, in both
+// views; fully_shard (FSDP2) reshards after every backward.
+TEST(GridAgreement, Fsdp1GradOpNoSyncHoldsEveryUnit) {
+    auto row = [](const EstimateResult& e, const std::string& key) {
+        for (const auto& r : e.breakdown)
+            if (r.key == key) return r.bytes;
+        return Bytes(-1);
+    };
+    EstimateRequest r = request_from_json({{"model", "qwen2-0.5b"}, {"seq", 64}, {"grad-accum", 2}, {"precision", "bf16"}, {"optimizer", "sgd-momentum"},
+                                           {"recompute", "none"}, {"cross-entropy", "fused"}, {"gpus", 8}, {"fsdp", "grad-op"}, {"fsdp-version", 1},
+                                           {"no-sync", true}, {"gpu-memory", "1024TiB"}})
+                            .value();
+    const Bytes all_params(2 * std::int64_t{494032768});
+    const EstimateResult sim1 = simulated(r), ana1 = analytic(r);
+    EXPECT_EQ(row(sim1, "gathered_params"), all_params) << request_to_command(r);
+    EXPECT_EQ(row(ana1, "gathered_params"), all_params) << request_to_command(r);
+    // The peak: the end of the first micro-batch's backward, with every
+    // unit still gathered and every unsharded gradient made (under fully_shard
+    // only the embedding's unit is gathered then).
+    r.parallel.fsdp_version = 2;
+    EXPECT_GT(sim1.per_gpu.peak_allocated, simulated(r).per_gpu.peak_allocated) << request_to_command(r);
+    EXPECT_GT(ana1.per_gpu.peak_allocated, analytic(r).per_gpu.peak_allocated) << request_to_command(r);
+}
+
 // A model whose layers differ (Qwen3-Next: gated-DeltaNet and gated-attention
 // layers alternate, so its graph is a run of blocks, not one repeated block):
 // training on one GPU with every recompute setting (recompute-every and

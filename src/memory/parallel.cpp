@@ -684,12 +684,31 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         // SHARD_GRAD_OP's kept parameters). After each backward: what stays
         // (end_base; the embedding chunk's first backward of the step apart,
         // its gradient being new then).
+        // FSDP1 SHARD_GRAD_OP under no_sync frees no unit's parameters in its
+        // post-backward while gradients do not sync (pytorch/pytorch
+        // torch/distributed/fsdp/_runtime_utils.py@3ade90a6aaa9
+        // _post_backward_reshard -> _should_free_in_backward: without
+        // _sync_gradients only RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES, FULL_SHARD
+        // and HYBRID_SHARD, free then), so every unit gathered by the first
+        // micro-batch stays unsharded through the accumulated ones until the
+        // last (syncing) backward frees each in its hook: held as the states
+        // are, the optimizer step apart (fully_shard, FSDP2, reshards after
+        // backward whatever the sync).
+        const bool hold_unsharded = c.fsdp == Fsdp::GradOp && c.fsdp_version == 1 && keep_unsharded;
+        Bytes unsharded_held;
+        if (hold_unsharded)
+            for (const Bytes& cg : chunk_gather) unsharded_held += cg;
         ScheduleWalk walk;
         if (job.train && graph) {
             ScheduleLoads loads;
             loads.act = chunk_act;
             loads.nl = chunk_nl;
             loads.gather = chunk_gather;
+            static thread_local std::vector<Bytes> no_gather;  // (held throughout instead: unsharded_held)
+            if (hold_unsharded) {
+                no_gather.assign(chunk_gather.size(), Bytes(0));
+                loads.gather = no_gather;
+            }
             loads.grad = chunk_grad;
             loads.tail_grad = chunk_tail_grad;
             loads.all_grads = G;
@@ -718,7 +737,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 buffers += half_unit * std::min(c.zero_bucket_elements, elems);
         }
         sm.comm_buffers = buffers;
-        sm.gathered_params = kept_gather;
+        // The gathered parameters held with the activations in flight.
+        const Bytes held_gather = hold_unsharded ? unsharded_held : kept_gather;
+        sm.gathered_params = held_gather;
 
         // ---- phases ------------------------------------------------------------------
         if (job.train) {
@@ -741,7 +762,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             const Bytes pipeline_grad_in = (p > 1 && r != p - 1) ? scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0) : Bytes(0);
             // The moments of a micro-batch's step where memory peaks, each as
             // (activations alive, temporaries); `base` is what is held throughout.
-            const Bytes base = states + g_kept + kept_gather;
+            const Bytes base = states + g_kept + held_gather;
             struct Moment {
                 const char* phase;
                 Bytes act, tmp, gather;  // activations alive, temporaries, gathered parameters
@@ -856,23 +877,32 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // Optimizer in backward: no gradient is left, one tensor's step in
             // flight (the first block's here unless it is the embedding, below).
             const Bytes inbwd_end = embeddings ? inbwd_tmp : max(inbwd_tmp, inbwd_first);
-            Bytes bwd_end = end_held + end_base + end_round + grad_pair + max(gather_max, gather_near_first) + block_grad_max + inbwd_end;
+            // (The first layer's backward dequantizes its 4-bit weights as every
+            // layer's does: its gradient pair or the dequantized weight, as in
+            // the layers' moments.)
+            Bytes bwd_end = end_held + unsharded_held + end_base + end_round + max(grad_pair, dequant) + max(gather_max, gather_near_first) + block_grad_max + inbwd_end;
             // Full recompute: the first layer is rebuilt with nearly every
             // gradient made (its saves with its largest forward transient or,
             // later, its largest gradient pair, not both: as `rebuilt` above).
             // (A tied output layer's gradient waits for the embedding's through
             // the first layer's rebuild too: tied_grad there, as in the layers'.)
             if (has_layers && recompute > Bytes(0))
-                bwd_end = max(bwd_end, end_held + tied_grad + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(grad_pair, recompute_largest) +
+                bwd_end = max(bwd_end, end_held + unsharded_held + tied_grad + end_first_layer + end_round + recompute - std::min(recompute, recompute_largest) + max(max(grad_pair, dequant), recompute_largest) +
                                            max(gather_max, gather_near_first) + block_grad_max + inbwd_end);
             if (embeddings) {
                 const Bytes eg = !grads_per_op ? emb_grad.ceil_div(std::max<std::int64_t>(1, lay.shard)) : emb_grad;
-                const Bytes extra = (!grads_per_op ? grad_first : Bytes(0)) + tied_grad * (!grads_per_op ? 1 : 2) + gather_first +
+                const Bytes extra = (!grads_per_op ? grad_first : Bytes(0)) + tied_grad * (!grads_per_op ? 1 : 2) +
                                     scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0);
+                // The embedding's unit, or every unit held under FSDP1 no_sync
+                // (the step's first micro-batch: not the syncing one; a later
+                // one accumulating: not the last only with 3 or more, the last
+                // having freed every other unit by then).
+                const Bytes gather_new = hold_unsharded ? unsharded_held : gather_first;
+                const Bytes gather_acc = hold_unsharded && m >= 3 ? unsharded_held : gather_first;
                 if (end_emb_new_seen)
-                    bwd_end = max(bwd_end, end_held + end_emb_new + end_round + extra +
+                    bwd_end = max(bwd_end, end_held + end_emb_new + end_round + extra + gather_new +
                                                (inbwd ? inbwd_first : grad_buffer || !grads_per_op ? Bytes(0) : (job.amp && job.tdt == DType::F32 ? Bytes(eg.count() / 2) : Bytes(0))));
-                if (end_emb_acc_seen) bwd_end = max(bwd_end, end_held + end_emb_acc + end_round + extra + (grad_buffer ? Bytes(0) : eg));
+                if (end_emb_acc_seen) bwd_end = max(bwd_end, end_held + end_emb_acc + end_round + extra + gather_acc + (grad_buffer ? Bytes(0) : eg));
             }
             // Optimizer step over this rank's tensors (torch/optim/adam.py):
             // foreach allocates one state-sized list at once (_foreach_sqrt);
@@ -915,16 +945,16 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                         g_end = Bytes(0);
                         for (const Bytes& cg : chunk_grad) g_end += cg;
                     }
-                    sm.transient = sm.allocated - states - g_end - round_grads;
+                    sm.transient = sm.allocated - states - g_end - round_grads - unsharded_held;
                     sm.rounding = round_states + round_grads;
                     sm.gradients_kept = !inbwd;
                     sm.gradients_at_peak = g_end;
                     sm.activations_at_peak = Bytes(0);
-                    sm.gathered_params = Bytes(0);
+                    sm.gathered_params = unsharded_held;
                 } else {
                     sm.peak_phase = worst.phase;
                     sm.activations_at_peak = worst.act;
-                    sm.gathered_params = kept_gather + worst.gather;
+                    sm.gathered_params = held_gather + worst.gather;
                     sm.transient = worst.tmp;
                     if (worst.bwd_start) {
                         const Bytes g_exact = always ? G : bwd_g;

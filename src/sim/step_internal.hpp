@@ -201,6 +201,10 @@ struct Instance {
     std::int64_t group = 0, group_pos = 0;
     Bytes offloaded;                               // --activation-offload: its input, back from CPU for the recompute
     bool input_rg = false;
+    // FSDP1 SHARD_GRAD_OP under no_sync: the unit's parameters, held across
+    // micro-batches (StepBuilder::unsharded_), and their key there.
+    std::int64_t held_params = 0;
+    std::tuple<std::int64_t, std::size_t, std::int64_t> held_key{};
 };
 
 // Instances whose backward (or inference forward) is done, kept for the next
@@ -317,6 +321,15 @@ private:
     bool inbwd_ = false;                  // optimizer in backward
     bool no_sync_ = false;                // FSDP no_sync: unsharded gradients until the last micro-batch
     bool final_mb_ = true;                // the backward running is the step's last micro-batch's
+    // FSDP1 SHARD_GRAD_OP under no_sync frees no unit's gathered parameters
+    // until the syncing backward (memory/parallel.cpp hold_unsharded): each
+    // unit's, by (chunk, plan, instance in the chunk), with a reference of
+    // their own from the first micro-batch's forward to the last's backward.
+    bool hold_unsharded_ = false;
+    std::map<std::tuple<std::int64_t, std::size_t, std::int64_t>, std::int64_t> unsharded_;
+    // An instance's backward is done: its kept tensors go (and, on the
+    // syncing backward, the parameters held across micro-batches).
+    void release_extra(Instance& in);
     std::vector<Bytes> block_flat_;       // per plan: FSDP1 + LoRA frozen flat-parameter gradients of one instance
     std::size_t slice_key_ = 0;           // no_sync: reduce-scattered slices by backward order
     std::int32_t state_label_ = -1, temp_label_ = -1;

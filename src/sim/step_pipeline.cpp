@@ -213,10 +213,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
             }
             for (auto id : dropped_casts_) em_.unref(id);
             dropped_casts_.clear();
-            for (std::size_t j = start; j <= last; ++j) {
-                for (auto id : stack[j].extra) em_.unref(id);
-                stack[j].extra.clear();
-            }
+            for (std::size_t j = start; j <= last; ++j) release_extra(stack[j]);
             instances_.give(re);
             it += static_cast<std::ptrdiff_t>(in.group_pos);  // the chunk's other instances are done
             em_.stream = 0;
@@ -236,8 +233,7 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
             for (auto id : dropped_casts_) em_.unref(id);
             dropped_casts_.clear();
             // What the first forward kept for its backward (SHARD_GRAD_OP's parameters).
-            for (auto id : in.extra) em_.unref(id);
-            in.extra.clear();
+            release_extra(in);
             instances_.give(std::move(re));
         } else {
             g = backward(in, g, next);
@@ -279,6 +275,8 @@ void StepBuilder::run() {
     grad_buffer_ = job_.train && job_.master > Bytes(0) && job_.tdt == DType::F32;
     inbwd_ = in_backward_optimizer(job_);
     no_sync_ = shard_grads_ && c.no_sync && job_.req.grad_accum > 1;
+    hold_unsharded_ = gather_ && no_sync_ && c.fsdp == Fsdp::GradOp && c.fsdp_version == 1;
+    unsharded_.clear();
     for (const auto& rt : tensors_) tied_owned_ = tied_owned_ || rt.tied_copy;
     if (!job_.train) {
         inference();
@@ -481,6 +479,9 @@ void StepBuilder::run() {
         // Megatron captures after the first step's backward (megatron/core/
         // pipeline_parallel/schedules.py@d98e8a64ddf3 L888-889).
         if (job_.framework.cuda_graphs == CudaGraphs::Megatron && s == 0) em_.empty_cache();
+        // FSDP1's post-backward callback reshards what no hook did (_catch_all_reshard).
+        for (const auto& [key, id] : unsharded_) em_.unref(id);
+        unsharded_.clear();
         optimizer_step(s);
     }
 }

@@ -190,6 +190,16 @@ std::int32_t StepBuilder::plan_label(PlanLabel kind, const BlockPlan& p) {
     return l;
 }
 
+void StepBuilder::release_extra(Instance& in) {
+    for (auto id : in.extra) em_.unref(id);
+    in.extra.clear();
+    if (in.held_params != 0 && final_mb_) {
+        // The syncing backward frees the unit in its post-backward hook.
+        if (unsharded_.erase(in.held_key) > 0) em_.unref(in.held_params);
+        in.held_params = 0;
+    }
+}
+
 std::int64_t StepBuilder::gather(std::size_t plan, Bytes next) {
     // The layer's parameters (the prefetched part becomes part of them), then
     // the next layer's prefetch: FSDP's BACKWARD_PRE / forward prefetch gathers
@@ -231,8 +241,28 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     std::int64_t gathered = 0;
     // SHARD_GRAD_OP keeps the layer's parameters from its first forward to its
     // backward: a checkpointed layer's recompute reuses them.
-    if (gather_ && grad_mode && !(recomputing_ && job_.layout.cfg.fsdp == Fsdp::GradOp))
-        gathered = gather(static_cast<std::size_t>(&p - plans_.data()), next_gather);
+    if (gather_ && grad_mode && !(recomputing_ && job_.layout.cfg.fsdp == Fsdp::GradOp)) {
+        const auto plan = static_cast<std::size_t>(&p - plans_.data());
+        if (hold_unsharded_) {
+            // Still unsharded from an earlier micro-batch's forward (no
+            // all-gather, no prefetch), or gathered now and held.
+            const auto key = std::make_tuple(chunk_, plan, fp8_instance_);
+            // The instance's reference goes with its extras at its backward;
+            // the map's with the syncing backward (release_extra).
+            const auto it = unsharded_.find(key);
+            if (it != unsharded_.end()) {
+                gathered = it->second;
+            } else {
+                gathered = gather(plan, next_gather);
+                unsharded_.emplace(key, gathered);
+            }
+            em_.ref(gathered);
+            in.held_params = gathered;
+            in.held_key = key;
+        } else {
+            gathered = gather(plan, next_gather);
+        }
+    }
     const std::size_t n = b.tensors.size();
     in.gid.assign(n, 0);
     in.rg.assign(n, 0);
@@ -759,8 +789,7 @@ std::int64_t StepBuilder::backward(Instance& in, std::int64_t out_grad, Bytes ne
         for (auto id : in.saves[o]) em_.unref(id);
         in.saves[o].clear();
     }
-    for (auto id : in.extra) em_.unref(id);
-    in.extra.clear();
+    release_extra(in);
     if (full_grads != 0) {
         // Reduce-scatter: each rank keeps its shard of the layer's gradients;
         // with the optimizer in backward fully_shard then runs each sharded
