@@ -218,7 +218,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     };
     struct RankScratch {
         std::vector<std::int64_t> rank_inst, chunk_inst;
-        std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad;
+        std::vector<Bytes> chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad, chunk_no_gather;
         std::vector<Bytes> gather_of, grad_of, kept_grad_of, seq_sizes;
         std::vector<int> seq_kind;
         std::vector<PipelineRun> schedule_runs;
@@ -374,7 +374,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         return it->second;
     };
     // The per-rank scratch (declared above).
-    auto& [rank_inst, chunk_inst, chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad, gather_of, grad_of, kept_grad_of, seq_sizes, seq_kind,
+    auto& [rank_inst, chunk_inst, chunk_nl, chunk_act, chunk_gather, chunk_grad, chunk_tail_grad, chunk_no_gather, gather_of, grad_of, kept_grad_of, seq_sizes, seq_kind,
            schedule_runs] = scratch.rank;
     // Each block's instances in `list`, counted by runs: a list repeats one
     // block many times in a row, and one increment per instance was a chain
@@ -704,10 +704,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             loads.act = chunk_act;
             loads.nl = chunk_nl;
             loads.gather = chunk_gather;
-            static thread_local std::vector<Bytes> no_gather;  // (held throughout instead: unsharded_held)
-            if (hold_unsharded) {
-                no_gather.assign(chunk_gather.size(), Bytes(0));
-                loads.gather = no_gather;
+            if (hold_unsharded) {  // (held throughout instead: unsharded_held)
+                chunk_no_gather.assign(chunk_gather.size(), Bytes(0));
+                loads.gather = chunk_no_gather;
             }
             loads.grad = chunk_grad;
             loads.tail_grad = chunk_tail_grad;

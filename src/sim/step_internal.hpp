@@ -10,6 +10,7 @@
 #include <array>
 #include <bit>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -201,10 +202,9 @@ struct Instance {
     std::int64_t group = 0, group_pos = 0;
     Bytes offloaded;                               // --activation-offload: its input, back from CPU for the recompute
     bool input_rg = false;
-    // FSDP1 SHARD_GRAD_OP under no_sync: the unit's parameters, held across
-    // micro-batches (StepBuilder::unsharded_), and their key there.
-    std::int64_t held_params = 0;
-    std::tuple<std::int64_t, std::size_t, std::int64_t> held_key{};
+    // FSDP1 SHARD_GRAD_OP under no_sync: the key of the unit's parameters
+    // held across micro-batches (StepBuilder::unsharded_).
+    std::optional<std::tuple<std::int64_t, std::size_t, std::int64_t>> held_key;
 };
 
 // Instances whose backward (or inference forward) is done, kept for the next
@@ -337,9 +337,10 @@ private:
     std::int64_t prefetched_ = 0;         // ZeRO-3 / FSDP: the next layer's parameters gathered early
     bool recomputing_ = false;            // a checkpointed layer's forward re-run in backward
     // Block instances whose FP8 weight workspaces exist: (chunk, plan, instance
-    // in the chunk); fp8_instance_ is the instance forward() runs.
+    // in the chunk); instance_in_chunk_ is the instance forward() runs (also
+    // the key of unsharded_).
     std::set<std::tuple<std::int64_t, std::size_t, std::int64_t>> fp8_made_;
-    std::int64_t fp8_instance_ = 0;
+    std::int64_t instance_in_chunk_ = 0;
     std::map<std::string, std::pair<std::int64_t, bool>> shared_;  // key -> (tensor, requires grad)
     std::map<std::string, std::int64_t> shared_grad_;
     [[nodiscard]] bool first_vstage(std::int64_t chunk) const { return chunk * pp_ + rank_ == 0; }

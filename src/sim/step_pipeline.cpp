@@ -111,7 +111,7 @@ std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
             const bool ck = p.checkpointed && checkpointed_instance(k, job_.actx);
             const std::int64_t grp = p.checkpointed ? recompute_group(job_.actx) : 1;
             em_.stream = graph_stream(p);
-            fp8_instance_ = r;
+            instance_in_chunk_ = r;
             Instance in = forward(p, x, rg, true, !ck && grp == 1, next);
             em_.stream = 0;
             in.checkpointed = ck;

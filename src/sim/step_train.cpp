@@ -193,10 +193,13 @@ std::int32_t StepBuilder::plan_label(PlanLabel kind, const BlockPlan& p) {
 void StepBuilder::release_extra(Instance& in) {
     for (auto id : in.extra) em_.unref(id);
     in.extra.clear();
-    if (in.held_params != 0 && final_mb_) {
+    if (in.held_key && final_mb_) {
         // The syncing backward frees the unit in its post-backward hook.
-        if (unsharded_.erase(in.held_key) > 0) em_.unref(in.held_params);
-        in.held_params = 0;
+        if (const auto it = unsharded_.find(*in.held_key); it != unsharded_.end()) {
+            em_.unref(it->second);
+            unsharded_.erase(it);
+        }
+        in.held_key.reset();
     }
 }
 
@@ -235,7 +238,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     // Transformer Engine quantizes each weight into a workspace its module
     // caches on the instance's first forward (linear.py@d0067d0da6cb
     // L1958-1961, L2068-2071): made then, in the general pool, never freed.
-    const bool fp8_new = grad_mode && !recomputing_ && fp8_made_.emplace(chunk_, static_cast<std::size_t>(&p - plans_.data()), fp8_instance_).second;
+    const bool fp8_new = grad_mode && !recomputing_ && fp8_made_.emplace(chunk_, static_cast<std::size_t>(&p - plans_.data()), instance_in_chunk_).second;
     // ZeRO-3 / FSDP: all-gather the layer's parameters before its forward
     // (the part not prefetched already) and prefetch the next layer's.
     std::int64_t gathered = 0;
@@ -246,7 +249,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
         if (hold_unsharded_) {
             // Still unsharded from an earlier micro-batch's forward (no
             // all-gather, no prefetch), or gathered now and held.
-            const auto key = std::make_tuple(chunk_, plan, fp8_instance_);
+            const auto key = std::make_tuple(chunk_, plan, instance_in_chunk_);
             // The instance's reference goes with its extras at its backward;
             // the map's with the syncing backward (release_extra).
             const auto it = unsharded_.find(key);
@@ -257,7 +260,6 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
                 unsharded_.emplace(key, gathered);
             }
             em_.ref(gathered);
-            in.held_params = gathered;
             in.held_key = key;
         } else {
             gathered = gather(plan, next_gather);
