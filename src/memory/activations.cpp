@@ -216,7 +216,14 @@ ForwardStructure forward_structure(const Block& b, const std::vector<TensorId>& 
     return f;
 }
 
-Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const std::vector<Bytes>* dequant) {
+namespace {
+
+// Peak live bytes of one forward of `b` without autograd's saves: its input
+// (the caller holds it until the block returns), each op's new outputs, each
+// tensor freed after its last read. Left out: with `sac`, the outputs
+// op-level selective checkpointing keeps; without `ends`, the block's input
+// and output (counted by the caller).
+Bytes forward_live_peak(const Block& b, const ActivationContext& ctx, const std::vector<Bytes>* dequant, bool inference, bool sac, bool ends) {
     const std::size_t n = b.tensors.size();
     if (n == 0) return Bytes(0);
     std::vector<DType> dt(n);
@@ -230,11 +237,23 @@ Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const st
         if (b.tensors[i].alias_of >= 0 && dt[static_cast<std::size_t>(b.tensors[i].alias_of)] == dt[i])
             storage[i] = storage[static_cast<std::size_t>(b.tensors[i].alias_of)];
     }
-    const ForwardStructure f = forward_structure(b, storage, ctx.attention, true);
+    const ForwardStructure f = forward_structure(b, storage, ctx.attention, inference);
     std::vector<std::int32_t> uses = f.uses;
+    // Op-level selective checkpointing keeps every other matmul's output and
+    // the attention sites' (op_sac_saved; the simulator's StepBuilder::forward).
+    std::vector<char> kept(n, 0);
+    if (sac) {
+        std::int64_t mm = 0;
+        for (const Op& op : b.ops)
+            if (op.kind == OpKind::Linear && !op.outputs.empty() && (++mm % 2) == 1) kept[static_cast<std::size_t>(storage[static_cast<std::size_t>(op.outputs.front())])] = 1;
+        if (ctx.attention == Attention::Flash)
+            for (const AttentionSite& a : b.attention)
+                if (a.out >= 0) kept[static_cast<std::size_t>(storage[static_cast<std::size_t>(a.out)])] = 1;
+    }
     const auto out_st = static_cast<std::size_t>(storage[static_cast<std::size_t>(b.output)]);
     const auto in_st = static_cast<std::size_t>(storage[0]);
-    Bytes live = bytes[in_st], peak = live;
+    if (!ends) kept[in_st] = kept[out_st] = 1;
+    Bytes live = kept[in_st] ? Bytes(0) : bytes[in_st], peak = live;
     std::vector<char> alive(n, 0);
     alive[in_st] = 1;
     // The caller holds the block's input until the block returns.
@@ -260,6 +279,7 @@ Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const st
                 if (storage[static_cast<std::size_t>(t)] == t && !alive[static_cast<std::size_t>(t)]) fresh.push_back(static_cast<std::size_t>(t));
         }
         for (auto s : fresh) {
+            if (kept[s]) continue;
             live += bytes[s];
             alive[s] = 1;
         }
@@ -275,6 +295,19 @@ Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const st
         }
     }
     return peak;
+}
+
+}  // namespace
+
+Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const std::vector<Bytes>* dequant) {
+    return forward_live_peak(b, ctx, dequant, true, false, true);
+}
+
+Bytes checkpointed_forward_working_set(const Block& b, const ActivationContext& ctx) {
+    // Offloaded inputs stay on the GPU while their layer runs (and the
+    // output until the next has read it); otherwise both are kept inputs of
+    // checkpointed instances, among the saves.
+    return forward_live_peak(b, ctx, nullptr, false, ctx.recompute == Recompute::Ops, ctx.activation_offload);
 }
 
 std::int64_t weight_elements(const Block& b, const Op& op, std::int64_t tp, std::int64_t ep) {
@@ -383,7 +416,7 @@ bool op_has_weight(const Op& op) {
 struct InstanceScratch {
     std::vector<DType> dt;
     std::vector<TensorId> storage;
-    std::vector<Bytes> bytes, pair, saved_by, rebuilt;
+    std::vector<Bytes> bytes, pair, saved_by, rebuilt, alive;
     std::vector<char> rg, marked, allocated, split, core_out, counted;
     struct AdapterMoment {
         std::size_t op, x;  // the adapted op, its input's storage
@@ -391,6 +424,101 @@ struct InstanceScratch {
     };
     std::vector<AdapterMoment> adapter_moments;
 };
+
+// Per op: the bytes of activation gradients alive while its backward runs
+// (after it made its inputs' gradients, before it freed its outputs'), by the
+// rules of the simulator's backward (sim/step_train.cpp StepBuilder::backward):
+// the block's output gradient arrives from outside (a block with the loss
+// starts from it); an op runs when one of its outputs has a gradient (the loss
+// always); it makes a gradient for each input that requires one and has none
+// (later contributions accumulate into it), a view of its output's for cat and
+// stack (kGradViews); an in-place op a new one for its input; then its
+// outputs' gradients are consumed. Flash attention runs the core as one kernel
+// at its output's op (the q, k, v gradients at once). Gradients of tensors
+// shared between blocks (shared_key) live outside the block and are not counted.
+void grad_alive_at(const Block& blk, const ActivationContext& ctx, const std::vector<DType>& dt, const std::vector<TensorId>& storage,
+                   const std::vector<Bytes>& bytes, const std::vector<char>& rg, bool input_rg, std::vector<Bytes>& alive) {
+    static thread_local std::vector<std::int32_t> buf;  // per storage: its gradient's buffer, or -1
+    static thread_local std::vector<Bytes> size;         // per buffer
+    static thread_local std::vector<std::int32_t> refs;  // per buffer
+    const std::size_t n = blk.tensors.size(), nops = blk.ops.size();
+    alive.assign(nops, Bytes(0));
+    if (n == 0) return;
+    buf.assign(n, -1);
+    size.clear();
+    refs.clear();
+    Bytes live;
+    const auto st = [&](TensorId t) { return static_cast<std::size_t>(storage[static_cast<std::size_t>(t)]); };
+    const auto make = [&](std::size_t s, Bytes b) {
+        size.push_back(b);
+        refs.push_back(1);
+        live += b;
+        buf[s] = static_cast<std::int32_t>(size.size() - 1);
+    };
+    const auto unref = [&](std::int32_t id) {
+        if (id >= 0 && --refs[static_cast<std::size_t>(id)] == 0) live -= size[static_cast<std::size_t>(id)];
+    };
+    const std::size_t st0 = st(0);
+    const auto grad_for = [&](TensorId t) {
+        const std::size_t s = st(t);
+        if (!rg[static_cast<std::size_t>(t)] && s != st0) return;
+        if (s == st0 && !input_rg) return;
+        if (s != st0 && !blk.tensors[s].shared_key.empty()) return;
+        if (buf[s] < 0) make(s, bytes[static_cast<std::size_t>(t)]);
+    };
+    bool has_loss = false;
+    for (const Op& op : blk.ops) has_loss = has_loss || op.kind == OpKind::Loss;
+    if (!has_loss && rg[static_cast<std::size_t>(blk.output)]) make(st(blk.output), bytes[st(blk.output)]);
+    const ForwardStructure f = forward_structure(blk, storage, ctx.attention, false);
+    const auto skip_type = [](DType d) { return d == DType::I64 || d == DType::Bool || d == DType::F8_E4M3; };
+    for (std::size_t o = nops; o-- > 0;) {
+        const Op& op = blk.ops[o];
+        if (f.skip[o]) {
+            if (f.site_of_op[o] < 0) continue;
+            const AttentionSite& a = blk.attention[static_cast<std::size_t>(f.site_of_op[o])];
+            const std::size_t os = st(a.out);
+            if (buf[os] >= 0) {
+                for (auto t : {a.q, a.k, a.v}) grad_for(t);
+                alive[o] = live;
+                unref(buf[os]);
+                buf[os] = -1;
+            }
+            continue;
+        }
+        bool has_out_grad = false;
+        for (auto t : op.outputs) has_out_grad = has_out_grad || buf[st(t)] >= 0;
+        if (!has_out_grad && op.kind != OpKind::Loss) continue;
+        const std::int32_t out_id = op.outputs.empty() ? -1 : buf[st(op.outputs.front())];
+        std::int32_t inplace = -1;
+        if (op.kind == OpKind::Activation || op.kind == OpKind::Mul || op.kind == OpKind::Elementwise)
+            for (auto t : op.outputs)
+                for (auto i2 : op.inputs)
+                    if (st(i2) == st(t) && buf[st(t)] >= 0 && inplace < 0) {
+                        inplace = buf[st(t)];
+                        buf[st(t)] = -1;
+                    }
+        for (auto t : op.inputs) {
+            if (skip_type(dt[static_cast<std::size_t>(t)])) continue;
+            const std::size_t s = st(t);
+            if ((op.flags & kGradViews) && out_id >= 0 && buf[s] < 0 && rg[static_cast<std::size_t>(t)] && s != st0 && blk.tensors[s].shared_key.empty()) {
+                ++refs[static_cast<std::size_t>(out_id)];
+                buf[s] = out_id;
+                continue;
+            }
+            grad_for(t);
+        }
+        alive[o] = live;
+        unref(inplace);
+        for (auto t : op.outputs) {
+            const std::size_t s = st(t);
+            bool also_input = false;
+            for (auto i2 : op.inputs) also_input = also_input || st(i2) == s;
+            if (also_input || buf[s] < 0) continue;
+            unref(buf[s]);
+            buf[s] = -1;
+        }
+    }
+}
 
 InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool input_rg) {
     static thread_local InstanceScratch scratch;
@@ -639,10 +767,21 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
             }
         }
     }
+    // The activation gradients alive at each op's backward, as autograd holds
+    // them (the simulator's walk, sim/step_train.cpp StepBuilder::backward):
+    // a tensor's gradient exists from its first contribution (its last
+    // reader's backward) until its producer's backward has run. So besides
+    // an op's own pair, gradients its backward does not touch are alive:
+    // the residual stream's (a residual add hands its input a new gradient
+    // that waits through the whole branch's backward). Pairs alone missed it:
+    // pythia-160m b3 s8192 fp32, full recompute, activation offload, tp 2,
+    // 4.7% under the simulator (a b x s x h gradient during the MLP's backward).
+    std::vector<Bytes>& alive = scratch.alive;
+    grad_alive_at(blk, ctx, dt, storage, bytes, rg, input_rg, alive);
     {
         Bytes freed, rebuilt_alive = std::accumulate(rebuilt.begin(), rebuilt.end(), Bytes(0));
         for (std::size_t oi = blk.ops.size(); oi-- > 0;) {
-            const Bytes p = pair[oi] + ((blk.ops[oi].flags & kAttnCore) ? rebuilt_alive : Bytes(0));
+            const Bytes p = (pair[oi] > Bytes(0) ? max(pair[oi], alive[oi]) : pair[oi]) + ((blk.ops[oi].flags & kAttnCore) ? rebuilt_alive : Bytes(0));
             if (p > freed) r.grad_pair_net = max(r.grad_pair_net, p - freed);
             r.grad_pair = max(r.grad_pair, p);
             freed += saved_by[oi];
@@ -700,6 +839,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
     struct Inst {
         std::size_t block;
         Bytes saved, largest, fetched;
+        Bytes input_saved;  // its input, when its ops save it (the kept or fetched input itself)
     };
     std::vector<Inst> insts;
     for (std::size_t bi = 0; bi < g.blocks.size(); ++bi) {
@@ -726,15 +866,18 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         const Bytes sac = ckpt && ctx.recompute == Recompute::Ops ? op_sac_saved(blk, ctx) : Bytes(0);
         // Offloaded inputs: one comes back from CPU memory for each recompute.
         const Bytes fetched = ckpt && ctx.activation_offload ? rest.input_bytes : Bytes(0);
+        // A checkpointed instance's forward frees its intermediates as it goes.
+        if (ckpt && n_ck > 0) ba.forward_transient = checkpointed_forward_working_set(blk, ctx);
         if (ckpt && group > 1)
-            for (std::int64_t k = 0; k < repeat; ++k) insts.push_back({res.blocks.size(), rest.saved, rest.largest, fetched});
+            for (std::int64_t k = 0; k < repeat; ++k) insts.push_back({res.blocks.size(), rest.saved, rest.largest, fetched, rest.saves_input ? rest.input_bytes : Bytes(0)});
         if (ckpt && group == 1 && n_ck < repeat) {
             // Every N-th (or the first N) instances checkpointed, the others keep their saves.
             ba.per_instance = rest.saved;
             ba.total = (ctx.activation_offload ? Bytes(0) : rest.input_bytes) * n_ck + sac * n_ck + rest.saved * (repeat - n_ck);
             res.saved += ba.total;
             // Only a block with a checkpointed instance is rebuilt.
-            ba.recompute_transient = n_ck > 0 ? rest.saved + rest.largest + fetched : Bytes(0);
+            // (Its kept or fetched input is the one its first op saves: one storage.)
+            ba.recompute_transient = n_ck > 0 ? rest.saved + rest.largest + fetched - (rest.saves_input ? rest.input_bytes : Bytes(0)) : Bytes(0);
             ba.recompute_largest = n_ck > 0 ? rest.largest : Bytes(0);
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
             // No checkpointed instance here: the trailing run goes on through this block.
@@ -765,7 +908,11 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             ba.total = ctx.activation_offload ? sac * repeat
                                               : (starts ? in_first : Bytes(0)) + first.output_bytes * (n_ck - (starts ? 1 : 0)) + sac * repeat;
             res.saved += ba.total;
-            ba.recompute_transient = rest.saved * chunk + rest.largest + fetched;
+            // A rebuilt instance's input, kept or fetched back from CPU memory,
+            // is the tensor its first op saves (one storage, the simulator's
+            // StepBuilder::backward_chunk: the forward re-run from it), not a
+            // second copy beside its saves.
+            ba.recompute_transient = rest.saved * chunk + rest.largest + fetched - (rest.saves_input ? rest.input_bytes : Bytes(0));
             ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
             res.recompute_trailing = Bytes(0);
@@ -823,7 +970,8 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
                 fetched = max(fetched, insts[i].fetched);
             }
             BlockActivations& b = res.blocks[insts[c].block];
-            b.recompute_transient = max(b.recompute_transient, sum + largest + fetched);
+            // (The chunk's kept or fetched input is the one its first layer saves.)
+            b.recompute_transient = max(b.recompute_transient, sum + largest + fetched - insts[c].input_saved);
             b.recompute_largest = max(b.recompute_largest, largest);
             res.recompute_transient = max(res.recompute_transient, b.recompute_transient);
         }

@@ -440,6 +440,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         // Gathered parameters / unsharded gradients at the layers (`_max`), the
         // first block (embeddings) and the output layer.
         Bytes grad_pair, recompute, gather_max, block_grad_max, autocast_unsaved, dequant, hdq;
+        Bytes ckpt_forward;  // a checkpointed layer's forward intermediates (BlockActivations::forward_transient)
         Bytes recompute_trailing;  // --recompute-every: freed before the first rebuild
         Bytes recompute_largest;   // the rebuild's largest transient (not alive with the gradient pair)
         bool any_recompute = false;
@@ -520,6 +521,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                     if (!(td && bi + 1 == g.blocks.size())) grad_pair = max(grad_pair, ba.grad_pair_net);
                     recompute = max(recompute, ba.recompute_transient);
                     recompute_largest = max(recompute_largest, ba.recompute_largest);
+                    ckpt_forward = max(ckpt_forward, ba.forward_transient);
                 }
                 if (a.recompute_transient > Bytes(0)) {
                     recompute_trailing = any_recompute ? std::min(recompute_trailing, a.recompute_trailing) : a.recompute_trailing;
@@ -758,7 +760,6 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
             // From the end of backward to the optimizer step: the states and the
             // logits a loop holds to the next forward (as the simulator keeps them).
             const Bytes end_held = states + held_l;
-            const Bytes pipeline_grad_in = (p > 1 && r != p - 1) ? scale_bytes(hidden_tok, c.sp ? 1.0 / static_cast<double>(t) : 1.0) : Bytes(0);
             // The moments of a micro-batch's step where memory peaks, each as
             // (activations alive, temporaries); `base` is what is held throughout.
             const Bytes base = states + g_kept + held_gather;
@@ -784,6 +785,16 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 // before the logits exist; the fp32 copy comes after it is freed.
                 const Bytes at_head = (logits_saved ? Bytes(0) : ll) + max(head && !cast_saved ? loss_cast : Bytes(0), job.dequant_in_forward ? hdq : Bytes(0)),
                             at_layer = job.dequant_in_forward ? dequant : Bytes(0);
+                // The last checkpointed layer's forward holds its intermediates
+                // (freed as it goes, not saved) over what is in flight, before
+                // the layers after it (uncheckpointed: --recompute-every, Megatron's
+                // block method) and the output layer have saved anything.
+                if (ckpt_forward > Bytes(0)) {
+                    const Bytes later = (head ? head_saved : Bytes(0)) + recompute_trailing;
+                    const Bytes before_head = act_peak - std::min(act_peak, later);
+                    moments.push_back({"forward", before_head, held_output + held_l + held_quant + at_layer + ckpt_forward + autocast_unsaved, gather_max,
+                                       layer_act_peak - std::min(layer_act_peak, recompute_trailing) + at_layer + ckpt_forward});
+                }
                 // The previous micro-batch's held logits keep its graph, and
                 // with it the 4-bit inputs bitsandbytes < 0.43.2 keeps (held_quant).
                 if (at_head + gather_head_fwd >= at_layer + gather_max)
@@ -827,7 +838,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 // The output layer's new weight gradient (untied, or the last
                 // stage's tied copy) is held through the layers' backward.
                 const Bytes head_grad_held = head && grads_per_op && !grad_buffer && !kept && !inbwd ? head_wgrad : Bytes(0);
-                const Bytes common = held_output + held_l + tied_grad + head_grad_held + block_grad_max + pipeline_grad_in + inbwd_tmp;
+                const Bytes common = held_output + held_l + tied_grad + head_grad_held + block_grad_max + inbwd_tmp;
                 // The rebuilt layer's saves, with its largest forward transient or
                 // (later) its largest gradient pair, not both.
                 const Bytes rebuilt = recompute > Bytes(0) ? recompute - std::min(recompute, recompute_largest) + max(max(grad_pair, dequant), recompute_largest)

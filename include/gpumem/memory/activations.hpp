@@ -122,6 +122,14 @@ ForwardStructure forward_structure(const Block& b, const std::vector<TensorId>& 
 // last read, plus `dequant[op]` in flight for 4-bit matmuls.
 Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const std::vector<Bytes>* dequant = nullptr);
 
+// The same walk for a checkpointed instance's forward in training (the
+// simulator's StepBuilder::forward with its saves dropped): op-level
+// selective checkpointing (Recompute::Ops) keeps its chosen outputs
+// (op_sac_saved), which are not counted here (they are among the saves), nor
+// are the block's input and output unless activations are offloaded (they
+// are checkpoints, among the saves too).
+Bytes checkpointed_forward_working_set(const Block& b, const ActivationContext& ctx);
+
 // Bytes of one activation tensor on one rank of the context's layout.
 Bytes activation_bytes(const TensorInfo& t, DType dt, bool split, const ActivationContext& ctx);
 
@@ -147,6 +155,10 @@ struct BlockActivations {
     // rebuilt graph dies in backward).
     Bytes quant_held;
     Bytes unsaved_casts;         // full recompute: weight copies cached until forward returns (not in `total`)
+    // Checkpointed instances: the tensors one instance's forward holds at once
+    // beyond what `total` counts (its intermediates, which checkpointing frees
+    // as it goes instead of saving; with offloading, its input too).
+    Bytes forward_transient;
 };
 
 struct ActivationResult {
