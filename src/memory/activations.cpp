@@ -163,10 +163,15 @@ AdapterInput adapter_input(const Block& b, const Op& op, TensorId x, DType x_dty
 
 ForwardStructure forward_structure(const Block& b, const std::vector<TensorId>& storage, Attention attention, bool inference) {
     ForwardStructure f;
-    const std::size_t nops = b.ops.size();
+    forward_structure(b, storage, attention, inference, f);
+    return f;
+}
+
+void forward_structure(const Block& b, const std::vector<TensorId>& storage, Attention attention, bool inference, ForwardStructure& f) {
+    const std::size_t nops = b.ops.size(), n = b.tensors.size();
     f.skip.assign(nops, 0);
     f.site_of_op.assign(nops, -1);
-    f.uses.assign(b.tensors.size(), 0);
+    f.uses.assign(n, 0);
     auto st = [&](TensorId t) { return storage[static_cast<std::size_t>(t)]; };
     if (inference)
         for (std::size_t o = 0; o < nops; ++o) {
@@ -183,25 +188,31 @@ ForwardStructure forward_structure(const Block& b, const std::vector<TensorId>& 
             for (std::size_t o = 0; o < nops; ++o)
                 for (auto out : b.ops[o].outputs)
                     if (out == b.attention[s].out) f.site_of_op[o] = static_cast<int>(s);
-        // Ops whose outputs only feed skipped ops (q/k/v copies for torch.matmul) go too.
+        // Ops whose outputs only feed skipped ops (q/k/v copies for torch.matmul)
+        // go too. Walked last to first, with what the ops after each one read
+        // (any of them, and any not skipped) known per storage: one pass.
+        static thread_local std::vector<char> read_any, read_kept;
+        read_any.assign(n, 0);
+        read_kept.assign(n, 0);  // also: the block's output and the sites' q, k, v
+        read_kept[static_cast<std::size_t>(st(b.output))] = 1;
+        for (const auto& s : b.attention)
+            for (auto t : {s.q, s.k, s.v}) read_kept[static_cast<std::size_t>(st(t))] = 1;
         for (std::size_t o = nops; o-- > 0;) {
             const Op& op = b.ops[o];
-            if (f.skip[o] || op.outputs.empty() || op.kind == OpKind::Input) continue;
-            bool consumed = false, only_skipped = true;
-            for (auto out : op.outputs) {
-                const TensorId so = st(out);
-                if (so == st(b.output)) only_skipped = false;
-                for (const auto& s : b.attention)
-                    for (auto t : {s.q, s.k, s.v})
-                        if (so == st(t)) only_skipped = false;
-                for (std::size_t o2 = o + 1; o2 < nops; ++o2)
-                    for (auto in : b.ops[o2].inputs)
-                        if (st(in) == so) {
-                            consumed = true;
-                            if (!f.skip[o2]) only_skipped = false;
-                        }
+            if (!f.skip[o] && !op.outputs.empty() && op.kind != OpKind::Input) {
+                bool consumed = false, only_skipped = true;
+                for (auto out : op.outputs) {
+                    const auto so = static_cast<std::size_t>(st(out));
+                    consumed = consumed || read_any[so];
+                    only_skipped = only_skipped && !read_kept[so];
+                }
+                if (consumed && only_skipped) f.skip[o] = 1;
             }
-            if (consumed && only_skipped) f.skip[o] = 1;
+            for (auto in : op.inputs) {
+                const auto si = static_cast<std::size_t>(st(in));
+                read_any[si] = 1;
+                if (!f.skip[o]) read_kept[si] = 1;
+            }
         }
     }
     for (std::size_t o = 0; o < nops; ++o) {
@@ -213,7 +224,6 @@ ForwardStructure forward_structure(const Block& b, const std::vector<TensorId>& 
             const auto& s = b.attention[static_cast<std::size_t>(f.site_of_op[o])];
             for (auto t : {s.q, s.k, s.v}) ++f.uses[static_cast<std::size_t>(st(t))];
         }
-    return f;
 }
 
 namespace {
@@ -469,7 +479,8 @@ void grad_alive_at(const Block& blk, const ActivationContext& ctx, const std::ve
     bool has_loss = false;
     for (const Op& op : blk.ops) has_loss = has_loss || op.kind == OpKind::Loss;
     if (!has_loss && rg[static_cast<std::size_t>(blk.output)]) make(st(blk.output), bytes[st(blk.output)]);
-    const ForwardStructure f = forward_structure(blk, storage, ctx.attention, false);
+    static thread_local ForwardStructure f;
+    forward_structure(blk, storage, ctx.attention, false, f);
     const auto skip_type = [](DType d) { return d == DType::I64 || d == DType::Bool || d == DType::F8_E4M3; };
     for (std::size_t o = nops; o-- > 0;) {
         const Op& op = blk.ops[o];

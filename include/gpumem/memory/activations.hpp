@@ -116,6 +116,8 @@ struct ForwardStructure {
     std::vector<std::int32_t> uses;  // per storage: forward reads
 };
 ForwardStructure forward_structure(const Block& b, const std::vector<TensorId>& storage, Attention attention, bool inference);
+// The same into `out`, reusing its storage.
+void forward_structure(const Block& b, const std::vector<TensorId>& storage, Attention attention, bool inference, ForwardStructure& out);
 
 // Peak of live bytes while one block instance runs forward without autograd
 // (inference): its input, each op's new outputs, inputs freed after their
