@@ -30,9 +30,9 @@ Bytes op_sac_saved(const Block& b, const ActivationContext& ctx) {
         return activation_bytes(ti, resolve_role(ti.role, ctx), split[static_cast<std::size_t>(t)] != 0, ctx);
     };
     Bytes out;
-    std::int64_t mm = 0;
-    for (const Op& op : b.ops)
-        if (op.kind == OpKind::Linear && !op.outputs.empty() && (++mm % 2) == 1) out += bytes_of(op.outputs.front());
+    const std::vector<char> kept = sac_kept_ops(b);
+    for (std::size_t o = 0; o < b.ops.size(); ++o)
+        if (kept[o]) out += bytes_of(b.ops[o].outputs.front());
     if (ctx.attention == Attention::Flash)
         for (const AttentionSite& a : b.attention) {
             if (a.out < 0) continue;
@@ -40,6 +40,14 @@ Bytes op_sac_saved(const Block& b, const ActivationContext& ctx) {
             out += dtype_bytes(DType::F32, (checked_mul(checked_mul(ctx.batch, a.heads), ctx.seq) + ctx.tp - 1) / std::max<std::int64_t>(1, ctx.tp));
         }
     return out;
+}
+
+std::vector<char> sac_kept_ops(const Block& b) {
+    std::vector<char> kept(b.ops.size(), 0);
+    std::int64_t mm = 0;
+    for (std::size_t o = 0; o < b.ops.size(); ++o)
+        if (b.ops[o].kind == OpKind::Linear && !b.ops[o].outputs.empty() && (++mm % 2) == 1) kept[o] = 1;
+    return kept;
 }
 
 bool lora_applies(const Op& op, const std::vector<std::string>& targets) {
@@ -230,40 +238,15 @@ namespace {
 
 // Peak live bytes of one forward of `b` without autograd's saves: its input
 // (the caller holds it until the block returns), each op's new outputs, each
-// tensor freed after its last read. Left out: with `sac`, the outputs
-// op-level selective checkpointing keeps; without `ends`, the block's input
-// and output (counted by the caller).
-Bytes forward_live_peak(const Block& b, const ActivationContext& ctx, const std::vector<Bytes>* dequant, bool inference, bool sac, bool ends) {
+// tensor freed after its last read; storages marked in `left_out` are not
+// counted (held elsewhere), and `dequant[op]` is in flight during its op.
+Bytes forward_live_peak(const Block& b, const std::vector<TensorId>& storage, const std::vector<Bytes>& bytes, const ForwardStructure& f,
+                        const std::vector<char>& left_out, const std::vector<Bytes>* dequant) {
     const std::size_t n = b.tensors.size();
-    if (n == 0) return Bytes(0);
-    std::vector<DType> dt(n);
-    std::vector<TensorId> storage(n);
-    std::vector<Bytes> bytes(n);
-    const std::vector<char> split = tp_split_flags(b);
-    for (std::size_t i = 0; i < n; ++i) {
-        dt[i] = resolve_role(b.tensors[i].role, ctx);
-        bytes[i] = activation_bytes(b.tensors[i], dt[i], split[i] != 0, ctx);
-        storage[i] = static_cast<TensorId>(i);
-        if (b.tensors[i].alias_of >= 0 && dt[static_cast<std::size_t>(b.tensors[i].alias_of)] == dt[i])
-            storage[i] = storage[static_cast<std::size_t>(b.tensors[i].alias_of)];
-    }
-    const ForwardStructure f = forward_structure(b, storage, ctx.attention, inference);
     std::vector<std::int32_t> uses = f.uses;
-    // Op-level selective checkpointing keeps every other matmul's output and
-    // the attention sites' (op_sac_saved; the simulator's StepBuilder::forward).
-    std::vector<char> kept(n, 0);
-    if (sac) {
-        std::int64_t mm = 0;
-        for (const Op& op : b.ops)
-            if (op.kind == OpKind::Linear && !op.outputs.empty() && (++mm % 2) == 1) kept[static_cast<std::size_t>(storage[static_cast<std::size_t>(op.outputs.front())])] = 1;
-        if (ctx.attention == Attention::Flash)
-            for (const AttentionSite& a : b.attention)
-                if (a.out >= 0) kept[static_cast<std::size_t>(storage[static_cast<std::size_t>(a.out)])] = 1;
-    }
     const auto out_st = static_cast<std::size_t>(storage[static_cast<std::size_t>(b.output)]);
     const auto in_st = static_cast<std::size_t>(storage[0]);
-    if (!ends) kept[in_st] = kept[out_st] = 1;
-    Bytes live = kept[in_st] ? Bytes(0) : bytes[in_st], peak = live;
+    Bytes live = left_out[in_st] ? Bytes(0) : bytes[in_st], peak = live;
     std::vector<char> alive(n, 0);
     alive[in_st] = 1;
     // The caller holds the block's input until the block returns.
@@ -289,7 +272,7 @@ Bytes forward_live_peak(const Block& b, const ActivationContext& ctx, const std:
                 if (storage[static_cast<std::size_t>(t)] == t && !alive[static_cast<std::size_t>(t)]) fresh.push_back(static_cast<std::size_t>(t));
         }
         for (auto s : fresh) {
-            if (kept[s]) continue;
+            if (left_out[s]) continue;
             live += bytes[s];
             alive[s] = 1;
         }
@@ -307,17 +290,45 @@ Bytes forward_live_peak(const Block& b, const ActivationContext& ctx, const std:
     return peak;
 }
 
+// A checkpointed instance's forward in training (the simulator's
+// StepBuilder::forward with its saves dropped): what it holds at once beyond
+// the saves. Left out: the outputs op-level selective checkpointing keeps
+// (sac_kept_ops and the attention outputs: among the saves, op_sac_saved) and,
+// unless activations are offloaded, the block's input and output (kept
+// checkpoints, among the saves too; offloaded, they stay on the GPU while the
+// layer runs).
+Bytes checkpointed_forward_peak(const Block& b, const ActivationContext& ctx, const std::vector<TensorId>& storage, const std::vector<Bytes>& bytes,
+                                const ForwardStructure& f) {
+    std::vector<char> left_out(b.tensors.size(), 0);
+    if (ctx.recompute == Recompute::Ops) {
+        const std::vector<char> kept = sac_kept_ops(b);
+        for (std::size_t o = 0; o < b.ops.size(); ++o)
+            if (kept[o]) left_out[static_cast<std::size_t>(storage[static_cast<std::size_t>(b.ops[o].outputs.front())])] = 1;
+        if (ctx.attention == Attention::Flash)
+            for (const AttentionSite& a : b.attention)
+                if (a.out >= 0) left_out[static_cast<std::size_t>(storage[static_cast<std::size_t>(a.out)])] = 1;
+    }
+    if (!ctx.activation_offload) left_out[static_cast<std::size_t>(storage[0])] = left_out[static_cast<std::size_t>(storage[static_cast<std::size_t>(b.output)])] = 1;
+    return forward_live_peak(b, storage, bytes, f, left_out, nullptr);
+}
+
 }  // namespace
 
 Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const std::vector<Bytes>* dequant) {
-    return forward_live_peak(b, ctx, dequant, true, false, true);
-}
-
-Bytes checkpointed_forward_working_set(const Block& b, const ActivationContext& ctx) {
-    // Offloaded inputs stay on the GPU while their layer runs (and the
-    // output until the next has read it); otherwise both are kept inputs of
-    // checkpointed instances, among the saves.
-    return forward_live_peak(b, ctx, nullptr, false, ctx.recompute == Recompute::Ops, ctx.activation_offload);
+    const std::size_t n = b.tensors.size();
+    if (n == 0) return Bytes(0);
+    std::vector<DType> dt(n);
+    std::vector<TensorId> storage(n);
+    std::vector<Bytes> bytes(n);
+    const std::vector<char> split = tp_split_flags(b);
+    for (std::size_t i = 0; i < n; ++i) {
+        dt[i] = resolve_role(b.tensors[i].role, ctx);
+        bytes[i] = activation_bytes(b.tensors[i], dt[i], split[i] != 0, ctx);
+        storage[i] = static_cast<TensorId>(i);
+        if (b.tensors[i].alias_of >= 0 && dt[static_cast<std::size_t>(b.tensors[i].alias_of)] == dt[i])
+            storage[i] = storage[static_cast<std::size_t>(b.tensors[i].alias_of)];
+    }
+    return forward_live_peak(b, storage, bytes, forward_structure(b, storage, ctx.attention, true), std::vector<char>(n, 0), dequant);
 }
 
 std::int64_t weight_elements(const Block& b, const Op& op, std::int64_t tp, std::int64_t ep) {
@@ -400,6 +411,7 @@ struct InstanceResult {
     Bytes routed;     // saved tensors of routed experts
     Bytes grad_pair;  // max over ops of |grad wrt output| + |grad wrt input|
     Bytes grad_pair_net;  // the same less what the block's later ops' backwards freed before it
+    Bytes forward_transient;  // checkpointable under recompute: its checkpointed forward's peak beyond the saves
     Bytes loss_input;
     Bytes quant_held;  // part of saved: 4-bit layers' inputs kept as context attributes
     Bytes working_set;
@@ -433,6 +445,7 @@ struct InstanceScratch {
         Bytes moment;       // the adapter's temporaries (without x)
     };
     std::vector<AdapterMoment> adapter_moments;
+    ForwardStructure fs;
 };
 
 // Per op: the bytes of activation gradients alive while its backward runs
@@ -446,7 +459,7 @@ struct InstanceScratch {
 // outputs' gradients are consumed. Flash attention runs the core as one kernel
 // at its output's op (the q, k, v gradients at once). Gradients of tensors
 // shared between blocks (shared_key) live outside the block and are not counted.
-void grad_alive_at(const Block& blk, const ActivationContext& ctx, const std::vector<DType>& dt, const std::vector<TensorId>& storage,
+void grad_alive_at(const Block& blk, const ForwardStructure& f, const std::vector<DType>& dt, const std::vector<TensorId>& storage,
                    const std::vector<Bytes>& bytes, const std::vector<char>& rg, bool input_rg, std::vector<Bytes>& alive) {
     static thread_local std::vector<std::int32_t> buf;  // per storage: its gradient's buffer, or -1
     static thread_local std::vector<Bytes> size;         // per buffer
@@ -479,8 +492,6 @@ void grad_alive_at(const Block& blk, const ActivationContext& ctx, const std::ve
     bool has_loss = false;
     for (const Op& op : blk.ops) has_loss = has_loss || op.kind == OpKind::Loss;
     if (!has_loss && rg[static_cast<std::size_t>(blk.output)]) make(st(blk.output), bytes[st(blk.output)]);
-    static thread_local ForwardStructure f;
-    forward_structure(blk, storage, ctx.attention, false, f);
     const auto skip_type = [](DType d) { return d == DType::I64 || d == DType::Bool || d == DType::F8_E4M3; };
     for (std::size_t o = nops; o-- > 0;) {
         const Op& op = blk.ops[o];
@@ -778,17 +789,17 @@ InstanceResult run_instance(const Block& blk, const ActivationContext& ctx, bool
             }
         }
     }
-    // The activation gradients alive at each op's backward, as autograd holds
-    // them (the simulator's walk, sim/step_train.cpp StepBuilder::backward):
-    // a tensor's gradient exists from its first contribution (its last
-    // reader's backward) until its producer's backward has run. So besides
-    // an op's own pair, gradients its backward does not touch are alive:
-    // the residual stream's (a residual add hands its input a new gradient
-    // that waits through the whole branch's backward). Pairs alone missed it:
-    // pythia-160m b3 s8192 fp32, full recompute, activation offload, tp 2,
-    // 4.7% under the simulator (a b x s x h gradient during the MLP's backward).
+    // Besides an op's own pair, gradients its backward does not touch are
+    // alive (grad_alive_at): the residual stream's, which a residual add hands
+    // its input and which waits through the whole branch's backward. Pairs
+    // alone missed it: pythia-160m b3 s8192 fp32, full recompute, activation
+    // offload, tp 2, 4.7% under the simulator (b x s x h during the MLP's backward).
+    ForwardStructure& fs = scratch.fs;
+    forward_structure(blk, storage, ctx.attention, false, fs);
     std::vector<Bytes>& alive = scratch.alive;
-    grad_alive_at(blk, ctx, dt, storage, bytes, rg, input_rg, alive);
+    grad_alive_at(blk, fs, dt, storage, bytes, rg, input_rg, alive);
+    if ((ctx.recompute == Recompute::Full || ctx.recompute == Recompute::Ops) && blk.checkpointable)
+        r.forward_transient = checkpointed_forward_peak(blk, ctx, storage, bytes, fs);
     {
         Bytes freed, rebuilt_alive = std::accumulate(rebuilt.begin(), rebuilt.end(), Bytes(0));
         for (std::size_t oi = blk.ops.size(); oi-- > 0;) {
@@ -878,7 +889,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
         // Offloaded inputs: one comes back from CPU memory for each recompute.
         const Bytes fetched = ckpt && ctx.activation_offload ? rest.input_bytes : Bytes(0);
         // A checkpointed instance's forward frees its intermediates as it goes.
-        if (ckpt && n_ck > 0) ba.forward_transient = checkpointed_forward_working_set(blk, ctx);
+        if (ckpt && n_ck > 0) ba.forward_transient = rest.forward_transient;
         if (ckpt && group > 1)
             for (std::int64_t k = 0; k < repeat; ++k) insts.push_back({res.blocks.size(), rest.saved, rest.largest, fetched, rest.saves_input ? rest.input_bytes : Bytes(0)});
         if (ckpt && group == 1 && n_ck < repeat) {

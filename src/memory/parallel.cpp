@@ -791,8 +791,8 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 // block method) and the output layer have saved anything.
                 if (ckpt_forward > Bytes(0)) {
                     const Bytes later = (head ? head_saved : Bytes(0)) + recompute_trailing;
-                    const Bytes before_head = act_peak - std::min(act_peak, later);
-                    moments.push_back({"forward", before_head, held_output + held_l + held_quant + at_layer + ckpt_forward + autocast_unsaved, gather_max,
+                    const Bytes before_later = act_peak - std::min(act_peak, later);
+                    moments.push_back({"forward", before_later, held_output + held_l + held_quant + at_layer + ckpt_forward + autocast_unsaved, gather_max,
                                        layer_act_peak - std::min(layer_act_peak, recompute_trailing) + at_layer + ckpt_forward});
                 }
                 // The previous micro-batch's held logits keep its graph, and

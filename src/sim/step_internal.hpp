@@ -151,6 +151,7 @@ struct BlockPlan {
     std::vector<DType> dt;
     std::vector<Bytes> bytes;
     std::vector<char> split;          // per tensor: split over tp (tp_split_flags)
+    std::vector<char> sac_kept;       // per op: op-level selective checkpointing keeps its output (sac_kept_ops)
     std::vector<TensorId> storage;
     std::vector<std::int32_t> uses;   // forward reads per storage
     std::vector<char> skip;           // op folded into a fused attention op (flash)
@@ -186,6 +187,9 @@ struct BlockPlan {
 BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool inference, Emitter& em, const Layout& lay);
 
 // One execution of a block.
+// One block instance of a rank's step: (model chunk, plan, instance in the chunk).
+using InstanceKey = std::tuple<std::int64_t, std::size_t, std::int64_t>;
+
 struct Instance {
     const BlockPlan* plan = nullptr;
     std::vector<std::int64_t> gid;                 // per local storage
@@ -204,7 +208,7 @@ struct Instance {
     bool input_rg = false;
     // FSDP1 SHARD_GRAD_OP under no_sync: the key of the unit's parameters
     // held across micro-batches (StepBuilder::unsharded_).
-    std::optional<std::tuple<std::int64_t, std::size_t, std::int64_t>> held_key;
+    std::optional<InstanceKey> held_key;
 };
 
 // Instances whose backward (or inference forward) is done, kept for the next
@@ -326,7 +330,7 @@ private:
     // unit's, by (chunk, plan, instance in the chunk), with a reference of
     // their own from the first micro-batch's forward to the last's backward.
     bool hold_unsharded_ = false;
-    std::map<std::tuple<std::int64_t, std::size_t, std::int64_t>, std::int64_t> unsharded_;
+    std::map<InstanceKey, std::int64_t> unsharded_;
     // An instance's backward is done: its kept tensors go (and, on the
     // syncing backward, the parameters held across micro-batches).
     void release_extra(Instance& in);
@@ -339,7 +343,7 @@ private:
     // Block instances whose FP8 weight workspaces exist: (chunk, plan, instance
     // in the chunk); instance_in_chunk_ is the instance forward() runs (also
     // the key of unsharded_).
-    std::set<std::tuple<std::int64_t, std::size_t, std::int64_t>> fp8_made_;
+    std::set<InstanceKey> fp8_made_;
     std::int64_t instance_in_chunk_ = 0;
     std::map<std::string, std::pair<std::int64_t, bool>> shared_;  // key -> (tensor, requires grad)
     std::map<std::string, std::int64_t> shared_grad_;

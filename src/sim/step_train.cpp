@@ -41,6 +41,7 @@ BlockPlan plan_block(const Block& b, const Job& job, std::int64_t seq, bool infe
     p.uses.assign(n, 0);
     p.label.resize(n);
     p.split = tp_split_flags(b);
+    p.sac_kept = sac_kept_ops(b);
     for (std::size_t i = 0; i < n; ++i) {
         const TensorInfo& t = b.tensors[i];
         p.dt[i] = resolve_role(t.role, c);
@@ -230,7 +231,6 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
     // Op-level selective checkpointing: a checkpointed instance keeps every
     // other matmul's output and the fused attention outputs (op_sac_saved).
     const bool sac = !keep_saves && grad_mode && c.recompute == Recompute::Ops && b.checkpointable;
-    std::int64_t mm = 0;
     Instance in = instances_.take();
     in.plan = &p;
     in.input = input;
@@ -384,7 +384,7 @@ Instance StepBuilder::forward(const BlockPlan& p, std::int64_t input, bool input
             }
         }
         em_.unref(dq);
-        if (sac && op.kind == OpKind::Linear && !op.outputs.empty() && (++mm % 2) == 1) {
+        if (sac && p.sac_kept[o]) {
             const auto id = in.gid[static_cast<std::size_t>(p.storage[static_cast<std::size_t>(op.outputs.front())])];
             em_.ref(id);
             in.extra.push_back(id);

@@ -124,13 +124,6 @@ void forward_structure(const Block& b, const std::vector<TensorId>& storage, Att
 // last read, plus `dequant[op]` in flight for 4-bit matmuls.
 Bytes no_grad_working_set(const Block& b, const ActivationContext& ctx, const std::vector<Bytes>* dequant = nullptr);
 
-// The same walk for a checkpointed instance's forward in training (the
-// simulator's StepBuilder::forward with its saves dropped): op-level
-// selective checkpointing (Recompute::Ops) keeps its chosen outputs
-// (op_sac_saved), which are not counted here (they are among the saves), nor
-// are the block's input and output unless activations are offloaded (they
-// are checkpoints, among the saves too).
-Bytes checkpointed_forward_working_set(const Block& b, const ActivationContext& ctx);
 
 // Bytes of one activation tensor on one rank of the context's layout.
 Bytes activation_bytes(const TensorInfo& t, DType dt, bool split, const ActivationContext& ctx);
@@ -264,6 +257,10 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
 // every other matmul (the 1st, 3rd, ... nn.Linear of the block) and the fused
 // attention kernels' outputs with their fp32 logsumexp.
 Bytes op_sac_saved(const Block& b, const ActivationContext& ctx);
+// Per op: whether op-level selective checkpointing keeps its output (every
+// other nn.Linear, the 1st, 3rd, ...; the attention outputs apart). The one
+// rule op_sac_saved, the analytic forward walk and the simulator share.
+std::vector<char> sac_kept_ops(const Block& b);
 
 // Whether the k-th checkpointable instance of a run is checkpointed (keeps
 // its input and is rebuilt in backward): every N-th (recompute_every), the
