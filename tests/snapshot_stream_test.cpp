@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "../bench/snapshot_gen.hpp"
+#include "../src/sim/snapshot_internal.hpp"
 #include "gpumem/report/snapshot_render.hpp"
 #include "gpumem/sim/pickle.hpp"
 #include "gpumem/sim/snapshot.hpp"
@@ -698,4 +699,121 @@ TEST(SnapshotStream, ConversionFirstPassBesideTheReadingMatchesTheWholeDocumentP
         EXPECT_EQ(rep.value().summary.conversion->free_action, c.free);
         EXPECT_EQ(rep.value().summary.conversion->frees, frees[0]);
     }
+}
+
+// A large JSON snapshot is read by two threads: a read-ahead lexes the trace
+// entries from a point near the middle, and the reader takes its records
+// when it arrives there (src/sim/snapshot_internal.hpp). The read-ahead is
+// switched on here for small files and started at points across the file:
+// every file must read exactly as the whole-document path reads it (the
+// same report, or the same error), whether the read-ahead's start is a
+// trace entry, an object elsewhere (a frames list's, a skipped list's, a
+// segment's block), or its run ends at an entry it cannot read alone.
+namespace {
+class ReadAheadFor {
+public:
+    explicit ReadAheadFor(double at) : saved_(sim::detail::json_read_ahead()) {
+        sim::detail::JsonReadAhead r;
+        r.min_bytes = 0;
+        r.at = at;
+        sim::detail::set_json_read_ahead(r);
+    }
+    ~ReadAheadFor() { sim::detail::set_json_read_ahead(saved_); }
+    ReadAheadFor(const ReadAheadFor&) = delete;
+    ReadAheadFor& operator=(const ReadAheadFor&) = delete;
+
+private:
+    sim::detail::JsonReadAhead saved_;
+};
+}  // namespace
+
+TEST(SnapshotStream, JsonReadAheadMatchesTheDocumentPath) {
+    TempDir dir;
+    const std::vector<double> starts = {0.02, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 0.98};
+    // A generated trace (frames lists repeated, segments before the trace).
+    {
+        const std::string path = dir.file("gen.json");
+        bench::SnapshotGen(20'000, 3).write(path, true);
+        for (const double at : starts) {
+            const std::size_t before = sim::detail::json_read_ahead_entries();
+            ReadAheadFor ra(at);
+            SCOPED_TRACE("read-ahead at " + std::to_string(at) + " of " + path);
+            expect_same_as_whole_document(path);
+            // From a third of the file on the start is in the trace: the reader took records.
+            if (at >= 0.3) {
+                EXPECT_GT(sim::detail::json_read_ahead_entries(), before);
+            }
+        }
+    }
+    // Crafted traces: 400 plain entries, the odd one at `odd_at`, two device
+    // lists, objects that look like entries elsewhere.
+    auto plain = [](int i, const std::string& frames) {
+        const std::string addr = std::to_string(65536 * (1 + i % 13));
+        return std::string("{\"action\": \"") + (i % 2 ? "free_completed" : "alloc") + "\", \"addr\": " + addr +
+               ", \"size\": " + std::to_string(512 * (1 + i % 5)) + ", \"stream\": " + std::to_string(i % 3 ? 0 : 7) +
+               ", \"time_us\": " + std::to_string(1000 + i) + ", \"frames\": " + frames + "}";
+    };
+    const std::vector<std::string> frames = {
+        R"([{"filename": "alloc.cpp", "line": 9, "name": "malloc"}, {"filename": "m.py", "line": 4, "name": "g"}])",
+        R"([{"filename": "n.py", "line": 5, "name": "h"}])",
+        R"([{"action": "alloc", "addr": 1, "size": 2}, {"action": "alloc", "addr": 3, "size": 4}])",  // entry-like objects
+        R"([])"};
+    const std::vector<std::string> odd = {
+        R"({"action": "alloc", "addr": 65536, "size": 512, "extra": 1})",
+        R"({"action": "alloc", "addr": 65536, "size": 1.5})",
+        R"({"action": "alloc", "addr": 65536, "size": 512, "frames": [{"filename": "e\u00e9.py", "line": 1}]})",
+        R"({"action": "alloc", "addr": 65536, "size": 512, "device_free": 1048576})",
+        R"({"action": "oom", "size": 512, "device_free": 0, "stream": -4})",
+        R"({"action": "alloc", "addr": 65536, "size": -5})",
+        R"({"action": "alloc", "addr": 65536, "size": 512, "size": 7})",
+        R"({"addr": 65536, "size": 512})",
+        R"([1, 2])"};
+    auto trace = [&](int n, int odd_at, const std::string& odd_entry) {
+        std::string t;
+        for (int i = 0; i < n; ++i) {
+            if (i) t += i % 17 ? ", " : ",\n  ";
+            t += i == odd_at ? odd_entry : plain(i, frames[static_cast<std::size_t>(i) % frames.size()]);
+        }
+        return t;
+    };
+    std::vector<std::pair<std::string, std::string>> texts;  // name, text
+    for (std::size_t k = 0; k < odd.size(); ++k)
+        for (const int odd_at : {5, 150, 250, 390})
+            texts.emplace_back("odd" + std::to_string(k) + "_" + std::to_string(odd_at),
+                               R"({"segments": [], "device_traces": [[)" + trace(400, odd_at, odd[k]) + "]]}");
+    texts.emplace_back("two_devices", R"({"segments": [], "device_traces": [[)" + trace(200, -1, "") + "], [" + trace(200, -1, "") + "]]}");
+    texts.emplace_back("skipped_key", R"({"segments": [], "device_traces": [[)" + trace(300, -1, "") + R"(]], "device_traces": [[)" +
+                                          trace(100, -1, "") + "]]}");
+    texts.emplace_back("size_first_blocks",
+                       R"({"segments": [{"address": 1048576, "total_size": 2097152, "stream": 0, "blocks": [)" +
+                           [] {
+                               std::string b;
+                               for (int i = 0; i < 300; ++i) b += std::string(i ? ", " : "") + "{\"size\": 4096, \"state\": \"inactive\"}";
+                               return b;
+                           }() +
+                           R"(]}], "device_traces": [[)" + trace(100, -1, "") + "]]}");
+    int compared = 0, errors = 0;
+    const std::size_t before = sim::detail::json_read_ahead_entries();
+    for (const auto& [name, text] : texts) {
+        const std::string path = dir.file(name + ".json");
+        std::ofstream(path, std::ios::trunc) << text;
+        auto whole = parse_snapshot_bytes(text, path);
+        for (const double at : starts) {
+            ReadAheadFor ra(at);
+            const std::string cmd = "read-ahead at " + std::to_string(at) + ": gpumem snapshot " + name + ".json";
+            auto streamed = analyze_snapshot(path, SnapshotOptions{});
+            if (!whole.ok()) {
+                ++errors;
+                ASSERT_FALSE(streamed.ok()) << cmd;
+                EXPECT_EQ(streamed.error().message, whole.error().message) << cmd;
+                continue;
+            }
+            ASSERT_TRUE(streamed.ok()) << cmd << "\n" << streamed.error().message;
+            EXPECT_EQ(rendered(streamed.value()), rendered(whole_document(path, SnapshotOptions{}))) << cmd;
+            ++compared;
+        }
+    }
+    EXPECT_GT(compared, 150);
+    EXPECT_GT(errors, 100);
+    EXPECT_GT(sim::detail::json_read_ahead_entries(), before + 10'000);
 }

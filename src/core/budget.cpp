@@ -52,8 +52,19 @@ WorkBudget::WorkBudget(MemoryLimit memory)
     detail::current_budget = this;
 }
 
+namespace {
+std::atomic<std::int64_t> g_transient{0};
+}  // namespace
+
+void TransientMemory::add(std::int64_t delta) {
+    bytes_.fetch_add(delta, std::memory_order_relaxed);
+    g_transient.fetch_add(delta, std::memory_order_relaxed);
+}
+
+std::int64_t TransientMemory::held() { return g_transient.load(std::memory_order_relaxed); }
+
 void WorkBudget::check_memory() const {
-    if (memory_.max_growth > 0 && resident_bytes() - memory_base_ > memory_.max_growth)
+    if (memory_.max_growth > 0 && resident_bytes() - TransientMemory::held() - memory_base_ > memory_.max_growth)
         throw InputError(Error{ErrorCode::InvalidArgument, memory_.message, memory_.field});
 }
 

@@ -87,6 +87,26 @@ private:
 
 // The process's resident size in bytes (/proc/self/statm), 0 where unknown.
 std::int64_t resident_bytes();
+
+// Memory a computation holds for a while beside its own, bounded and given
+// back before it returns (the JSON snapshot reader's read-ahead buffer):
+// while a TransientMemory object lives, its bytes are left out of every
+// memory limit's count, so a file is refused (or not) exactly as without
+// the buffer. The holder keeps the bound small against the limit.
+class TransientMemory {
+public:
+    TransientMemory() = default;
+    ~TransientMemory() { add(-bytes_.load(std::memory_order_relaxed)); }
+    TransientMemory(const TransientMemory&) = delete;
+    TransientMemory& operator=(const TransientMemory&) = delete;
+    // Holds `delta` more bytes (fewer when negative); any thread.
+    void add(std::int64_t delta);
+    // The bytes all live objects hold.
+    static std::int64_t held();
+
+private:
+    std::atomic<std::int64_t> bytes_{0};
+};
 // Checks the calling thread's memory limit now (after a large reservation),
 // not at the next 65,536th check_budget().
 void check_memory_now();

@@ -113,7 +113,10 @@ struct Snapshot {
 // the mapped file's pages around the read position (at most ~33 MiB), the
 // whole stays under 1 GiB (crafted files peaked at 823 MB;
 // tests/hostile_input_test.cpp checks it). The 10^7-entry trace of bench/snapshot_bench.cpp takes about
-// 600 MiB.
+// 600 MiB. A JSON file of 64 MiB or more is read by two threads
+// (src/sim/snapshot_internal.hpp): while it is read, the second thread's
+// records (at most 160 MiB, left out of this count) and its own ~33 MiB of
+// the file come on top, under 1 GiB still (720 + 160 + 2 x 33 MiB).
 inline constexpr std::int64_t kMaxSnapshotMemory = std::int64_t(720) << 20;
 
 // Reads a snapshot file: a pickle (first byte 0x80) or JSON, whole: the
