@@ -1521,8 +1521,6 @@ private:
         return true;
     }
 
-    // The entry at p_ read straight into `e` when it has DirectEntry's shape
-    // (false on anything else: the caller reads it again from its start).
     // Whether key `k` is `lit`, compared inline (k's length is known to be
     // lit's where it is called: string_view's compare went out of line and
     // through memcmp, eleven times an entry, an eighth of reading one).
@@ -1530,6 +1528,8 @@ private:
     static bool key_is(std::string_view k, const char (&lit)[N]) {
         return k.size() == N - 1 && __builtin_memcmp(k.data(), lit, N - 1) == 0;
     }
+    // The entry at p_ read straight into `e` when it has DirectEntry's shape
+    // (false on anything else: the caller reads it again from its start).
     bool direct_entry(DirectEntry& e) {
         ++p_;  // '{'
         ws();
@@ -1916,6 +1916,7 @@ private:
         texts_[texts_n_] = &it->first;
         id = static_cast<std::int32_t>(texts_n_++);
         text_bytes_ += t.size();
+        held_.add(static_cast<std::int64_t>(t.size() + 64));  // (the memo's copy and its node: transient too)
         return true;
     }
     bool stream_index(std::int64_t v, std::uint16_t& i) {
