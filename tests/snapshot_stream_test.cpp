@@ -791,6 +791,13 @@ TEST(SnapshotStream, JsonReadAheadMatchesTheDocumentPath) {
         for (const int odd_at : {5, 150, 250, 390})
             texts.emplace_back("odd" + std::to_string(k) + "_" + std::to_string(odd_at),
                                R"({"segments": [], "device_traces": [[)" + trace(400, odd_at, odd[k]) + "]]}");
+    {  // sizes that add up past 2^63 at entry 300: the error is raised while the reader hands records over
+        const std::string huge = R"({"action": "alloc", "addr": 65536, "size": 9223372036854775000})";
+        std::string t = trace(400, 200, huge);
+        const std::string at300 = plain(300, frames[0]);
+        t.replace(t.find(at300), at300.size(), huge);
+        texts.emplace_back("sizes_overflow", R"({"segments": [], "device_traces": [[)" + t + "]]}");
+    }
     texts.emplace_back("two_devices", R"({"segments": [], "device_traces": [[)" + trace(200, -1, "") + "], [" + trace(200, -1, "") + "]]}");
     texts.emplace_back("skipped_key", R"({"segments": [], "device_traces": [[)" + trace(300, -1, "") + R"(]], "device_traces": [[)" +
                                           trace(100, -1, "") + "]]}");
