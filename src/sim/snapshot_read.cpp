@@ -390,9 +390,7 @@ void vfor_each_str(FRef r, F&& f) {
 // and no other key (the has_ flags find a repeated one). Reader::entries
 // makes of it what read_entry makes of the same entry read as a document.
 struct DirectEntry {
-    std::string_view action;
-    TraceAction kind = TraceAction::Other;  // the action's enum where kind_known (the read-ahead's entries: no text)
-    bool kind_known = false;
+    TraceAction action = TraceAction::Other;
     std::int64_t addr = 0, size = 0, stream = 0, time_us = 0, device_free = 0;
     bool has_action = false, has_addr = false, has_size = false, has_stream = false, has_time = false, has_free = false,
          has_frames = false;
@@ -461,7 +459,7 @@ public:
             const auto i = out_.streamed_entries[d];
             const Path ep{&p, {}, i};
             if constexpr (std::is_same_v<V, DirectEntry>) {
-                emit(d, i, entry_fields(e.kind_known ? e.kind : parse_action(e.action), e.addr, e.size, e.stream, e.time_us, e.device_free,
+                emit(d, i, entry_fields(e.action, e.addr, e.size, e.stream, e.time_us, e.device_free,
                                         e.has_frames ? &e.frames : nullptr, ep));
             } else {
                 if constexpr (std::is_same_v<V, PRef>) {
@@ -692,7 +690,7 @@ private:
     TraceAction action_of(const pickle::Document* doc, pickle::Document::Id id) {
         for (const auto& a : action_cache_)
             if (a.first == id) return a.second;
-        const TraceAction act = parse_action(doc->as_string(id));
+        const TraceAction act = parse_trace_action(doc->as_string(id));
         action_cache_[action_next_++ % action_cache_.size()] = {id, act};
         return act;
     }
@@ -900,7 +898,7 @@ private:
         SnapshotTraceEntry te;
         if (!f_action || vkind(*f_action) == VKind::Null) value_error(Path{&ep, "action"}, "missing (a string is required)");
         if (vkind(*f_action) != VKind::String) type_error(Path{&ep, "action"}, "a string", *f_action);
-        te.action = parse_action(vstr(*f_action));  // (cleaning the text cannot make it match)
+        te.action = parse_trace_action(vstr(*f_action));  // (cleaning the text cannot make it match)
         te.addr = field_int(f_addr, "addr", true).value_or(0);
         te.size = Bytes(account(field_int(f_size, "size", true).value_or(0), ep));
         te.stream = field_int(f_stream, "stream", false).value_or(0);
@@ -914,7 +912,6 @@ private:
         if (f_frames) te.frame = top_frame(*f_frames, Path{&ep, "frames"});
         return te;
     }
-    static TraceAction parse_action(std::string_view a) { return parse_trace_action(a); }
 
     void finish_layout() {
         bool any_entries = false;
@@ -1176,10 +1173,9 @@ private:
     static constexpr std::ptrdiff_t kStep = 32 << 20;
     // (Every byte of JSON's structure and values is above 0x20: one compare
     // ends the common case, no whitespace or a single space.)
+    static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
     void ws() {
-        while (p_ < end_ && static_cast<unsigned char>(*p_) <= 0x20 &&
-               (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t'))
-            ++p_;
+        while (p_ < end_ && static_cast<unsigned char>(*p_) <= 0x20 && is_ws(*p_)) ++p_;
     }
     bool lit(std::string_view w) {
         if (static_cast<std::size_t>(end_ - p_) < w.size() || std::string_view(p_, w.size()) != w) return false;
@@ -1521,6 +1517,10 @@ private:
         return true;
     }
 
+    // The keys direct_entry reads (the read-ahead's start is an object whose
+    // first key is one of them).
+    static constexpr std::array<std::string_view, 7> kEntryKeys = {"action", "addr",   "size",       "stream",
+                                                                     "time_us", "frames", "device_free"};
     // Whether key `k` is `lit`, compared inline (k's length is known to be
     // lit's where it is called: string_view's compare went out of line and
     // through memcmp, eleven times an entry, an eighth of reading one).
@@ -1566,7 +1566,9 @@ private:
                     break;
                 case 6:
                     if (key_is(k, "action")) {
-                        ok = !e.has_action && *p_ == '"' && scan_str(e.action);
+                        std::string_view a;
+                        ok = !e.has_action && *p_ == '"' && scan_str(a);
+                        e.action = parse_trace_action(a);
                         e.has_action = true;
                     } else if (key_is(k, "stream")) {
                         ok = integer(e.stream, e.has_stream, false);
@@ -1601,15 +1603,19 @@ private:
     // An entry's "frames" list (the value of its key, at p_): the memo's
     // node when its text was read before, else read in full, carrying its
     // text (see FramesMemo).
+    // A frames list the memo knew, as its node: what the Reader made of it.
+    void push_summary(std::int64_t top) {
+        const auto id = static_cast<std::uint32_t>(doc_.nodes.size());
+        auto& n = doc_.nodes.emplace_back();
+        n.kind = VKind::List;
+        n.summary = true;
+        n.i = top;
+        doc_.stack.push_back(id);
+    }
     bool frames() {
         if (const char* e = list_end(p_); e && e <= entry_end_) {
             if (const std::int32_t* top = memo_.find(std::string_view(p_, static_cast<std::size_t>(e - p_)))) {
-                const auto id = static_cast<std::uint32_t>(doc_.nodes.size());
-                auto& n = doc_.nodes.emplace_back();
-                n.kind = VKind::List;
-                n.summary = true;
-                n.i = *top;
-                doc_.stack.push_back(id);
+                push_summary(*top);
                 p_ = e;
                 return true;
             }
@@ -1821,7 +1827,7 @@ private:
                 if (cur.r && cur.n + need > kChunkRecords) hand(cur);
                 if (!cur.r && !map(cur)) break;
                 Lexed& r = cur.r[cur.n++];
-                r = Lexed{de.addr, de.size, de.time_us, frames, si, static_cast<std::uint8_t>(parse_trace_action(de.action)),
+                r = Lexed{de.addr, de.size, de.time_us, frames, si, static_cast<std::uint8_t>(de.action),
                           static_cast<std::uint8_t>(need - 1)};
                 if (need == 2) cur.r[cur.n++] = Lexed{de.device_free, 0, 0, -1, 0, 0, 0};
                 last = lex_.p_;
@@ -2000,7 +2006,6 @@ const Progress& FastJson::no_progress() {
 // of other objects): the reader takes the read-ahead's records only when
 // it reaches this very byte as a trace entry.
 const char* FastJson::entry_candidate(const char* from, const char* end) {
-    auto is_ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
     const char* limit = end - from > (std::ptrdiff_t{4} << 20) ? from + (std::ptrdiff_t{4} << 20) : end;
     for (const char* q = from; q < limit; ++q) {
         q = static_cast<const char*>(std::memchr(q, '{', static_cast<std::size_t>(limit - q)));
@@ -2018,9 +2023,7 @@ const char* FastJson::entry_candidate(const char* from, const char* end) {
         const char* ke = static_cast<const char*>(std::memchr(k, '"', static_cast<std::size_t>(std::min<std::ptrdiff_t>(end - k, 16))));
         if (!ke) continue;
         const std::string_view key(k, static_cast<std::size_t>(ke - k));
-        if (key == "action" || key == "addr" || key == "size" || key == "stream" || key == "time_us" || key == "frames" ||
-            key == "device_free")
-            return q;
+        if (std::find(kEntryKeys.begin(), kEntryKeys.end(), key) != kEntryKeys.end()) return q;
     }
     return nullptr;
 }
@@ -2048,8 +2051,7 @@ bool FastJson::consume_ahead() {
         for (std::size_t k = 0; k < taken.c.n; ++k, ++used) {
             const Ahead::Lexed& x = r[k];
             DirectEntry de;
-            de.kind = static_cast<TraceAction>(x.action);
-            de.kind_known = de.has_action = true;
+            de.action = static_cast<TraceAction>(x.action);
             de.addr = x.addr;
             de.size = x.size;
             de.stream = a->stream(x.stream);
@@ -2063,11 +2065,7 @@ bool FastJson::consume_ahead() {
                 const std::int32_t* known = top[id] != kUnknown ? nullptr : memo_.find(text);
                 if (known) top[id] = *known;
                 if (top[id] != kUnknown) {
-                    auto& n = doc_.nodes.emplace_back();
-                    n.kind = VKind::List;
-                    n.summary = true;
-                    n.i = top[id];
-                    doc_.stack.push_back(0);
+                    push_summary(top[id]);
                 } else {
                     // Read in full (the read-ahead read these bytes so: they are valid).
                     const char *p = p_, *e = end_, *ee = entry_end_;
