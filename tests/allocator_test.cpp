@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iterator>
+#include <optional>
 #include <random>
 #include <unordered_map>
 
@@ -554,6 +556,119 @@ TEST(Allocator, StatsEqualSegmentSumsUnderRandomOps) {
         EXPECT_EQ(a.stats().segments, 0);
         a.check_invariants();
     }
+}
+
+// The best fit under random operations, worked out from the segment
+// snapshot before each request: get_free_block's lower_bound on (stream,
+// size, address) over the pool's free blocks (CUDACachingAllocator.cpp,
+// BlockComparatorSize) takes, among the free blocks of the request's stream
+// and pool (small when the rounded size is at most 1 MiB), the smallest
+// holding the rounded request, then the lowest address; the request sits at
+// that block's address (a split keeps the low part). With none, a new
+// segment above every address so far. Default settings (no max_split_size:
+// every block may serve every request), a capacity nothing reaches. Sizes
+// span 512 B to 12 GiB and several streams, a CUDA graph pool's among them,
+// so that every size class of the free set and its walk across streams is
+// reached.
+TEST(Allocator, BestFitIsTheSmallestThenLowestFreeBlockUnderRandomOps) {
+    CachingAllocator a({}, GiB(1) * 4096);
+    std::mt19937_64 rng(2026);
+    std::vector<BlockHandle> live;
+    const int streams[] = {0, 0, 0, 0, 1, 2, 7, kGraphPoolStream, kGraphPoolStream + 1};
+    std::int64_t reused = 0, fresh = 0;
+    for (int op = 0; op < 2500; ++op) {
+        if (rng() % 100 < 55 || live.empty()) {
+            std::int64_t sz;
+            const auto kind = rng() % 10;
+            if (kind < 3) sz = 512 * static_cast<std::int64_t>(1 + rng() % 64);              // one 512-byte class each
+            else if (kind < 6) sz = 1 + static_cast<std::int64_t>(rng() % (2 * kMB));        // the small pool and its edge
+            else sz = kMB + static_cast<std::int64_t>(rng() % (std::uint64_t{kMB} << (rng() % 14)));  // up to 8 GiB
+            const int stream = streams[rng() % std::size(streams)];
+            const std::int64_t rounded = a.round_size(Bytes(sz)).count();
+            const bool small = rounded <= kMB;
+            std::int64_t top = 0;
+            std::optional<std::pair<std::int64_t, std::int64_t>> best;  // (size, address)
+            for (const auto& s : a.segments()) {
+                top = std::max(top, s.address + s.size.count());
+                if (s.stream != stream || s.small_pool != small) continue;
+                for (const auto& b : s.blocks)
+                    if (!b.allocated && b.size.count() >= rounded) {
+                        const std::pair<std::int64_t, std::int64_t> k{b.size.count(), b.address};
+                        if (!best || k < *best) best = k;
+                    }
+            }
+            const auto before = allocated_addresses(a);
+            const auto r = a.malloc(Bytes(sz), stream);
+            ASSERT_TRUE(r.ok) << "op " << op;
+            const auto after = allocated_addresses(a);
+            std::vector<std::int64_t> added;
+            std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(added));
+            ASSERT_EQ(added.size(), 1U) << "op " << op;
+            if (best) {
+                EXPECT_EQ(added[0], best->second) << "op " << op << ": " << sz << " bytes on stream " << stream;
+                ++reused;
+            } else {
+                EXPECT_GE(added[0], top) << "op " << op << ": " << sz << " bytes on stream " << stream;
+                ++fresh;
+            }
+            live.push_back(r.handle);
+        } else {
+            const std::size_t k = live.size() - 1 - std::min<std::size_t>(live.size() - 1, rng() % 8);
+            a.free(live[k]);
+            live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+        a.check_invariants();
+    }
+    // Both outcomes were exercised many times.
+    EXPECT_GT(reused, 300);
+    EXPECT_GT(fresh, 40);
+}
+
+// Many free blocks of one size (a fragmented small pool): 3,000 tensors of
+// 512 bytes fill one 2 MiB segment's first 1.5 MiB; every other one freed
+// leaves 1,500 free blocks of 512 bytes, none mergeable (their neighbours
+// are allocated). Each new 512-byte request takes the lowest free address
+// (best fit: all the same size), worked out from the segment snapshot; then
+// everything is freed in a scattered order, each free merging with its
+// free neighbours, until the segment is one free block again. The free set
+// holds up to 1,500 entries of one size on the way, and few at the end.
+TEST(Allocator, ManyFreeBlocksOfOneSizeKeepTheBestFitOrder) {
+    CachingAllocator a({}, GiB(1));
+    constexpr int kN = 3000;
+    std::vector<BlockHandle> h(kN);
+    for (auto& x : h) x = a.malloc(Bytes(512)).handle;
+    for (int i = 0; i < kN; i += 2) a.free(h[static_cast<std::size_t>(i)]);
+    a.check_invariants();
+    auto lowest_free_512 = [&a] {
+        std::int64_t best = -1;
+        for (const auto& s : a.segments())
+            for (const auto& b : s.blocks)
+                if (!b.allocated && b.size == Bytes(512) && (best < 0 || b.address < best)) best = b.address;
+        return best;
+    };
+    for (int i = 0; i < kN; i += 4) {  // half of the holes taken again, lowest first
+        const std::int64_t want = lowest_free_512();
+        const auto before = allocated_addresses(a);
+        h[static_cast<std::size_t>(i)] = a.malloc(Bytes(512)).handle;
+        const auto after = allocated_addresses(a);
+        std::vector<std::int64_t> added;
+        std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::back_inserter(added));
+        ASSERT_EQ(added, std::vector<std::int64_t>{want}) << "request " << i / 4;
+    }
+    a.check_invariants();
+    std::vector<int> live;
+    for (int i = 0; i < kN; ++i)
+        if (i % 2 == 1 || i % 4 == 0) live.push_back(i);
+    std::mt19937_64 rng(99);
+    std::shuffle(live.begin(), live.end(), rng);
+    for (std::size_t k = 0; k < live.size(); ++k) {
+        a.free(h[static_cast<std::size_t>(live[k])]);
+        if (k % 16 == 0) a.check_invariants();
+    }
+    a.check_invariants();
+    EXPECT_EQ(a.stats().allocated, Bytes(0));
+    EXPECT_EQ(a.stats().segments, 1);
+    EXPECT_EQ(a.largest_free_block(), MiB(2));  // the segment, whole again
 }
 
 TEST(Allocator, ZeroBytesAndBadHandles) {

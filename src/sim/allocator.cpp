@@ -95,43 +95,147 @@ struct AddrCmp {
     }
 };
 
-// The free, mapped blocks of a pool in best-fit order (BlockComparatorSize:
-// stream, size, address), with a count of their sizes outside CUDA graph
-// private pools so that the largest free block (what an OOM message and every
-// new peak of a replay report) is O(log n), not a walk over the streams of a
-// snapshot with thousands of them.
-//
-// The order is the source's std::set<Block*>; the structure is not. Every
-// malloc searches this set and most mallocs and frees change it, and a
-// step's pools hold hundreds of free blocks (856 in the small pool of
-// `gpumem estimate llama-3-8b`, about 500 in a generated snapshot's): the
-// red-black tree of pointers compared through the blocks took a third of a
-// step simulation's samples (perf). Here the keys sit inline in short sorted
-// runs (at most kCap entries), found by a binary search over each run's
-// last key, then within the run; an insert or erase moves at most kCap
-// entries of one run. A run that fills splits in two; one that empties goes;
-// one under a quarter full merges with a neighbour that has room, so there
-// are at most about 4n/kCap + 1 runs. Measured side by side with the tree
-// (medians of 5): BM_Replay1M 91.5 -> 84.0 ms, BM_SimLayers/32 1.28 -> 1.21
-// ms, a 10M-entry pickle snapshot about 2% faster, but BM_SimDecode/128 6.63
-// -> 7.34 ms (its pools hold about 35 free blocks, where the tree is at its
-// best). Runs of 8 or 16 measured as 32, 64 slower; branch-free comparisons
-// slower (BM_Replay1M 85 -> 112 ms).
-class FreeBlocks {
-    struct Key {
+// Free blocks in ascending (size, address) order, in short
+// sorted runs (at most kCap entries), found by a binary search over each
+// run's last key, then within the run. An insert or erase moves at most kCap
+// entries of one run, however many blocks share a size (a fragmented small
+// pool can hold hundreds of thousands of free 512-byte blocks: one sorted
+// vector of them made every free move half of it, 3.8 s for 100,000 frees).
+// A run that fills splits in two; one that empties goes (one is kept for
+// reuse); one under a quarter full merges with a neighbour that has room.
+class SortedRuns {
+public:
+    struct Entry {
         std::int64_t size;
         std::int64_t addr;
-        std::int32_t stream;
-    };
-    struct Entry {
-        Key k;
         Block* b;
     };
+    // A position: run `bi`, entry `i` (past the end: bi == runs()).
+    struct Pos {
+        std::uint32_t bi = 0;
+        std::uint32_t i = 0;
+        bool operator==(const Pos&) const = default;
+    };
+    static bool less(std::int64_t as, std::int64_t aa, std::int64_t bs, std::int64_t ba) {
+        return as != bs ? as < bs : aa < ba;
+    }
+
+    [[nodiscard]] bool empty() const { return runs_.empty(); }
+    [[nodiscard]] std::size_t size() const { return size_; }
+    [[nodiscard]] std::uint32_t runs() const { return static_cast<std::uint32_t>(runs_.size()); }
+    [[nodiscard]] std::uint32_t run_size(std::uint32_t bi) const { return runs_[bi]->n; }
+    [[nodiscard]] const Entry& at(Pos p) const { return runs_[p.bi]->at()[p.i]; }
+    [[nodiscard]] const Entry& front() const { return runs_.front()->at()[0]; }
+    [[nodiscard]] const Entry& back() const { return lasts_.back(); }
+    [[nodiscard]] Pos last() const { return {runs() - 1, runs_.back()->n - 1}; }
+    // The first entry not below (size, addr); {runs(), 0} if none.
+    [[nodiscard]] Pos lower_bound(std::int64_t size, std::int64_t addr) const {
+        if (runs_.size() == 1) {  // most classes (a class of one size holds a few blocks)
+            if (less(lasts_[0].size, lasts_[0].addr, size, addr)) return {1, 0};
+            return {0, pos_in(*runs_[0], size, addr)};
+        }
+        std::uint32_t lo = 0, n = runs();
+        while (n > 0) {
+            const std::uint32_t half = n / 2;
+            const Entry& e = lasts_[lo + half];
+            if (less(e.size, e.addr, size, addr)) {
+                lo += half + 1;
+                n -= half + 1;
+            } else {
+                n = half;
+            }
+        }
+        if (lo == runs()) return {lo, 0};
+        return {lo, pos_in(*runs_[lo], size, addr)};
+    }
+    // The list made of `n` entries in ascending order (it was empty): runs
+    // half full, centred.
+    void assign_ascending(const Entry* e, std::size_t n) {
+        for (std::size_t at = 0; at < n; at += kCap / 2) {
+            const auto k = static_cast<std::uint32_t>(std::min<std::size_t>(kCap / 2, n - at));
+            std::unique_ptr<Bucket> r = take_run();
+            r->head = (kCap - k) / 2;
+            std::copy(e + at, e + at + k, r->at());
+            r->n = k;
+            lasts_.push_back(e[at + k - 1]);
+            runs_.push_back(std::move(r));
+        }
+        size_ = n;
+    }
+    // Every entry in ascending order appended to `out`; the list is left empty.
+    void take_all(std::vector<Entry>& out) {
+        for (auto& r : runs_) {
+            out.insert(out.end(), r->at(), r->at() + r->n);
+            if (!spare_) spare_ = std::move(r);
+        }
+        runs_.clear();
+        lasts_.clear();
+        size_ = 0;
+    }
+    // False when an equal key is in the list (std::set::insert).
+    bool insert(const Entry& x) {
+        ++size_;  // (undone below if the key is there)
+        if (runs_.empty()) {
+            runs_.push_back(take_run());
+            lasts_.push_back(x);
+            insert_at(*runs_[0], 0, x);
+            return true;
+        }
+        Pos p = lower_bound(x.size, x.addr);
+        if (p.bi == runs()) p = {runs() - 1, runs_.back()->n};  // past every key: the last run's end
+        else if (!less(x.size, x.addr, at(p).size, at(p).addr)) {
+            --size_;
+            return false;
+        }
+        Bucket* r = runs_[p.bi].get();
+        if (r->n == kCap) {
+            split(p.bi);
+            if (p.i > kCap / 2) {
+                ++p.bi;
+                p.i -= kCap / 2;
+            }
+            r = runs_[p.bi].get();
+        }
+        insert_at(*r, p.i, x);
+        if (p.i + 1 == r->n) lasts_[p.bi] = x;
+        return true;
+    }
+    void erase(Pos p) {
+        Bucket* r = runs_[p.bi].get();
+        erase_at(*r, p.i);
+        --size_;
+        if (r->n == 0) {
+            if (!spare_) spare_ = std::move(runs_[p.bi]);
+            runs_.erase(runs_.begin() + p.bi);
+            lasts_.erase(lasts_.begin() + p.bi);
+            return;
+        }
+        lasts_[p.bi] = r->at()[r->n - 1];
+        if (r->n < kCap / 4) merge_around(p.bi);
+    }
+    // Entries in strictly ascending order, no run empty, each last key its run's.
+    [[nodiscard]] bool ordered() const {
+        const Entry* prev = nullptr;
+        std::size_t n = 0;
+        for (std::uint32_t bi = 0; bi < runs(); ++bi) {
+            const Bucket& r = *runs_[bi];
+            if (r.n == 0 || r.head + r.n > kCap) return false;
+            n += r.n;
+            for (std::uint32_t i = 0; i < r.n; ++i) {
+                const Entry& e = r.at()[i];
+                if (prev && !less(prev->size, prev->addr, e.size, e.addr)) return false;
+                prev = &e;
+            }
+            if (lasts_[bi].b != prev->b || lasts_[bi].size != prev->size || lasts_[bi].addr != prev->addr) return false;
+        }
+        return lasts_.size() == runs_.size() && n == size_;
+    }
+
+private:
     static constexpr std::uint32_t kCap = 32;
     // A run's entries are e[head, head + n): room at both ends, so that an
-    // insert or erase moves the shorter side (a decode step's small blocks go
-    // in at the front of a set of about 35: moving the whole run every time
-    // made BM_SimDecode 10% slower than the tree).
+    // insert or erase moves the shorter side (best fit takes a class's first
+    // entry; moving the whole run every time made BM_SimDecode 10% slower).
     struct Bucket {
         std::uint32_t head = 0;
         std::uint32_t n = 0;
@@ -139,168 +243,12 @@ class FreeBlocks {
         Entry* at() { return e + head; }
         [[nodiscard]] const Entry* at() const { return e + head; }
     };
-    static Key key_of(const Block* b) { return Key{b->size, b->addr, b->stream}; }
-    static bool less(const Key& a, const Key& b) {
-        if (a.stream != b.stream) return a.stream < b.stream;
-        if (a.size != b.size) return a.size < b.size;
-        return a.addr < b.addr;
-    }
-
-public:
-    FreeBlocks() = default;
-    FreeBlocks(const FreeBlocks&) = delete;
-    FreeBlocks& operator=(const FreeBlocks&) = delete;
-
-    // A position: run `bi`, entry `i` (end: bi == runs). Valid until the set
-    // changes (an insert or erase may move entries between runs).
-    class iterator {
-    public:
-        Block* operator*() const { return s_->runs_[bi_]->at()[i_].b; }
-        iterator& operator++() {
-            if (++i_ == s_->runs_[bi_]->n) {
-                ++bi_;
-                i_ = 0;
-            }
-            return *this;
-        }
-        iterator& operator--() {
-            if (i_ == 0) i_ = s_->runs_[--bi_]->n;
-            --i_;
-            return *this;
-        }
-        bool operator==(const iterator& o) const { return bi_ == o.bi_ && i_ == o.i_; }
-
-    private:
-        friend class FreeBlocks;
-        iterator(const FreeBlocks* s, std::size_t bi, std::uint32_t i) : s_(s), bi_(bi), i_(i) {}
-        const FreeBlocks* s_;
-        std::size_t bi_;
-        std::uint32_t i_;
-    };
-
-    [[nodiscard]] iterator begin() const { return {this, 0, 0}; }
-    [[nodiscard]] iterator end() const { return {this, runs_.size(), 0}; }
-    // First block not ordered before `key` (std::set::lower_bound).
-    [[nodiscard]] iterator lower_bound(const Block* key) const { return lower_bound(key_of(key)); }
-    // The position of `b`, or end().
-    [[nodiscard]] iterator find(const Block* b) const {
-        const iterator it = lower_bound(key_of(b));
-        return it != end() && *it == b ? it : end();
-    }
-    [[nodiscard]] std::size_t size() const { return size_; }
-    [[nodiscard]] bool empty() const { return size_ == 0; }
-    // The runs hold size() entries in strictly increasing key order, none is
-    // empty, each last key is its run's, and each entry's key is its block's.
-    [[nodiscard]] bool consistent() const {
-        if (runs_.size() != lasts_.size()) return false;
-        std::size_t n = 0;
-        const Key* prev = nullptr;
-        for (std::size_t bi = 0; bi < runs_.size(); ++bi) {
-            const Bucket& r = *runs_[bi];
-            if (r.n == 0 || r.head + r.n > kCap) return false;
-            const Entry* e = r.at();
-            for (std::uint32_t i = 0; i < r.n; ++i) {
-                const Key& k = e[i].k;
-                if (prev && !less(*prev, k)) return false;
-                if (less(k, key_of(e[i].b)) || less(key_of(e[i].b), k) || !e[i].b->in_free) return false;
-                prev = &k;
-            }
-            if (less(lasts_[bi], e[r.n - 1].k) || less(e[r.n - 1].k, lasts_[bi])) return false;
-            n += r.n;
-        }
-        return n == size_;
-    }
-
-    void insert(Block* b) {
-        const Key k = key_of(b);
-        if (runs_.empty()) {
-            runs_.push_back(take_run());
-            lasts_.push_back(k);
-        }
-        std::size_t bi = run_for(k);
-        if (bi == runs_.size()) --bi;  // past every key: the last run's end
-        Bucket* r = runs_[bi];
-        std::uint32_t i = pos_in(*r, k);
-        if (i < r->n && !less(k, r->at()[i].k)) return;  // an equal key is in the set (std::set::insert)
-        if (r->n == kCap) {
-            split(bi);
-            if (i > kCap / 2) {
-                ++bi;
-                i -= kCap / 2;
-            }
-            r = runs_[bi];
-        }
-        insert_at(*r, i, Entry{k, b});
-        if (i + 1 == r->n) lasts_[bi] = k;
-        ++size_;
-        b->in_free = true;
-        if (b->stream != 0) note(b, +1);
-    }
-    void erase(iterator it) {
-        Block* b = *it;
-        if (b->stream != 0) note(b, -1);
-        b->in_free = false;
-        Bucket* r = runs_[it.bi_];
-        erase_at(*r, it.i_);
-        --size_;
-        if (r->n == 0) {
-            give_run(r);
-            runs_.erase(runs_.begin() + static_cast<std::ptrdiff_t>(it.bi_));
-            lasts_.erase(lasts_.begin() + static_cast<std::ptrdiff_t>(it.bi_));
-            return;
-        }
-        lasts_[it.bi_] = r->at()[r->n - 1].k;
-        if (r->n < kCap / 4) merge_around(it.bi_);
-    }
-    std::size_t erase(Block* b) {
-        if (!b->in_free) return 0;
-        const iterator it = find(b);
-        // A free block's key never changes while it is in the set.
-        if (it == end()) throw std::logic_error("CachingAllocator invariant violated: free block missing from its pool");
-        erase(it);
-        return 1;
-    }
-    // Largest free block of the eager streams (a graph pool's blocks serve no
-    // eager request). Stream 0's blocks come first in (stream, size, address)
-    // order, so its largest is the one before stream 1's; the other eager
-    // streams' sizes are counted (almost every free block is stream 0's, and
-    // counting them was a twelfth of a snapshot replay).
-    [[nodiscard]] std::int64_t largest_eager() const {
-        std::int64_t best = eager_sizes_.empty() ? 0 : eager_sizes_.rbegin()->first;
-        if (size_ != 0 && runs_.front()->at()[0].k.stream == 0) {
-            iterator it = lower_bound(Key{std::numeric_limits<std::int64_t>::min(),
-                                          std::numeric_limits<std::int64_t>::min(), 1});
-            best = std::max(best, (*--it)->size);
-        }
-        return best;
-    }
-
-private:
-    [[nodiscard]] iterator lower_bound(const Key& k) const {
-        const std::size_t bi = run_for(k);
-        if (bi == runs_.size()) return end();
-        return {this, bi, pos_in(*runs_[bi], k)};
-    }
-    // The first run whose last key is not before k (runs_.size(): none).
-    [[nodiscard]] std::size_t run_for(const Key& k) const {
-        std::size_t lo = 0, n = lasts_.size();
-        while (n > 0) {
-            const std::size_t half = n / 2;
-            if (less(lasts_[lo + half], k)) {
-                lo += half + 1;
-                n -= half + 1;
-            } else {
-                n = half;
-            }
-        }
-        return lo;
-    }
-    static std::uint32_t pos_in(const Bucket& r, const Key& k) {
+    static std::uint32_t pos_in(const Bucket& r, std::int64_t size, std::int64_t addr) {
         const Entry* e = r.at();
         std::uint32_t lo = 0, n = r.n;
         while (n > 0) {
             const std::uint32_t half = n / 2;
-            if (less(e[lo + half].k, k)) {
+            if (less(e[lo + half].size, e[lo + half].addr, size, addr)) {
                 lo += half + 1;
                 n -= half + 1;
             } else {
@@ -345,56 +293,444 @@ private:
     }
     // A full run: its upper half becomes a new run after it (each half
     // centred in its room).
-    void split(std::size_t bi) {
-        Bucket* r = runs_[bi];
-        Bucket* hi = take_run();
+    void split(std::uint32_t bi) {
+        Bucket* r = runs_[bi].get();
+        std::unique_ptr<Bucket> hi = take_run();
         hi->head = kCap / 4;
         std::copy(r->at() + kCap / 2, r->at() + kCap, hi->at());
         hi->n = kCap - kCap / 2;
         r->n = kCap / 2;
         centre(*r, 0);
-        runs_.insert(runs_.begin() + static_cast<std::ptrdiff_t>(bi) + 1, hi);
-        lasts_.insert(lasts_.begin() + static_cast<std::ptrdiff_t>(bi) + 1, lasts_[bi]);
-        lasts_[bi] = r->at()[r->n - 1].k;
+        runs_.insert(runs_.begin() + bi + 1, std::move(hi));
+        lasts_.insert(lasts_.begin() + bi + 1, lasts_[bi]);
+        lasts_[bi] = r->at()[r->n - 1];
     }
     // Run bi, under a quarter full, joins a neighbour with room for both.
-    void merge_around(std::size_t bi) {
-        if (bi + 1 < runs_.size() && runs_[bi]->n + runs_[bi + 1]->n <= kCap / 2) {
+    void merge_around(std::uint32_t bi) {
+        if (bi + 1 < runs() && runs_[bi]->n + runs_[bi + 1]->n <= kCap / 2) {
             absorb_next(bi);
         } else if (bi > 0 && runs_[bi - 1]->n + runs_[bi]->n <= kCap / 2) {
             absorb_next(bi - 1);
         }
     }
-    void absorb_next(std::size_t bi) {
-        Bucket* a = runs_[bi];
-        Bucket* b = runs_[bi + 1];
+    void absorb_next(std::uint32_t bi) {
+        Bucket* a = runs_[bi].get();
+        Bucket* b = runs_[bi + 1].get();
         if (a->head + a->n + b->n > kCap) centre(*a, b->n);
         std::copy(b->at(), b->at() + b->n, a->at() + a->n);
         a->n += b->n;
         lasts_[bi] = lasts_[bi + 1];
-        give_run(b);
-        runs_.erase(runs_.begin() + static_cast<std::ptrdiff_t>(bi) + 1);
-        lasts_.erase(lasts_.begin() + static_cast<std::ptrdiff_t>(bi) + 1);
+        if (!spare_) spare_ = std::move(runs_[bi + 1]);
+        runs_.erase(runs_.begin() + bi + 1);
+        lasts_.erase(lasts_.begin() + bi + 1);
     }
-    Bucket* take_run() {
-        if (spare_.empty()) {
-            owned_.push_back(std::make_unique<Bucket>());
-            return owned_.back().get();
-        }
-        Bucket* r = spare_.back();
-        spare_.pop_back();
+    std::unique_ptr<Bucket> take_run() {
+        std::unique_ptr<Bucket> r = spare_ ? std::move(spare_) : std::make_unique<Bucket>();
         r->head = 0;
         r->n = 0;
         return r;
     }
-    void give_run(Bucket* r) { spare_.push_back(r); }
+
+    std::vector<std::unique_ptr<Bucket>> runs_;  // in key order
+    std::vector<Entry> lasts_;                   // each run's last entry (a copy, in one array for the search)
+    std::unique_ptr<Bucket> spare_;              // one emptied run, kept for reuse
+    std::size_t size_ = 0;
+};
+
+// One size class of FreeBlocks: a sorted array while it holds at most
+// kFlatMax blocks (almost always: a class of one size holds a handful, the
+// busiest of `gpumem estimate llama-3-8b` a few hundred), SortedRuns past it
+// (a fragmented small pool can hold 10^5 blocks of one size; the array alone
+// made every free move half of them). The array is in descending (size,
+// address) order, so the best fit, the smallest, is its last entry and taking
+// it moves nothing. Positions are SortedRuns', the array being one run:
+// entry i counts from the smallest. SortedRuns for every class cost 5% more
+// instructions than the array on the BM_Replay1M trace (cachegrind).
+class SizeClass {
+public:
+    using Entry = SortedRuns::Entry;
+    using Pos = SortedRuns::Pos;
+
+    [[nodiscard]] bool empty() const {
+        if (big_) [[unlikely]]
+            return big_->empty();
+        return flat_.empty();
+    }
+    [[nodiscard]] std::uint32_t runs() const {
+        if (big_) [[unlikely]]
+            return big_->runs();
+        return flat_.empty() ? 0 : 1;
+    }
+    [[nodiscard]] std::uint32_t run_size(std::uint32_t bi) const {
+        if (big_) [[unlikely]]
+            return big_->run_size(bi);
+        return static_cast<std::uint32_t>(flat_.size());
+    }
+    [[nodiscard]] const Entry& at(Pos p) const {
+        if (big_) [[unlikely]]
+            return big_->at(p);
+        return flat_[flat_.size() - 1 - p.i];
+    }
+    [[nodiscard]] const Entry& largest() const { return big_ ? big_->back() : flat_.front(); }
+    [[nodiscard]] Pos last() const { return big_ ? big_->last() : Pos{0, static_cast<std::uint32_t>(flat_.size() - 1)}; }
+    // The first entry not below (size, addr); {runs(), 0} if none.
+    [[nodiscard]] Pos lower_bound(std::int64_t size, std::int64_t addr) const {
+        if (big_) [[unlikely]]
+            return big_->lower_bound(size, addr);
+        const std::size_t k = not_below(size, addr);
+        if (k == 0) return {runs(), 0};
+        return {0, static_cast<std::uint32_t>(flat_.size() - k)};
+    }
+    // False when an equal key is in the class (std::set::insert).
+    bool insert(const Entry& x) {
+        if (big_) [[unlikely]]
+            return big_->insert(x);
+        const std::size_t k = not_below(x.size, x.addr);
+        if (k > 0 && !SortedRuns::less(x.size, x.addr, flat_[k - 1].size, flat_[k - 1].addr)) return false;  // (flat_[k - 1] >= x)
+        flat_.insert(flat_.begin() + static_cast<std::ptrdiff_t>(k), x);
+        if (flat_.size() > kFlatMax) [[unlikely]] {
+            std::reverse(flat_.begin(), flat_.end());
+            big_ = std::make_unique<SortedRuns>();
+            big_->assign_ascending(flat_.data(), flat_.size());
+            flat_.clear();
+        }
+        return true;
+    }
+    void erase(Pos p) {
+        if (!big_) [[likely]] {
+            flat_.erase(flat_.begin() + static_cast<std::ptrdiff_t>(flat_.size() - 1 - p.i));
+            return;
+        }
+        big_->erase(p);
+        if (big_->size() < kFlatMax / 4) {
+            big_->take_all(flat_);
+            std::reverse(flat_.begin(), flat_.end());
+            big_.reset();
+        }
+    }
+    [[nodiscard]] bool ordered() const {
+        if (big_) return flat_.empty() && big_->size() >= kFlatMax / 4 && big_->ordered();
+        for (std::size_t i = 1; i < flat_.size(); ++i)
+            if (!SortedRuns::less(flat_[i].size, flat_[i].addr, flat_[i - 1].size, flat_[i - 1].addr)) return false;
+        return flat_.size() <= kFlatMax;
+    }
+
+private:
+    static constexpr std::size_t kFlatMax = 256;
+    // The number of entries of the array not below (size, addr).
+    [[nodiscard]] std::size_t not_below(std::int64_t size, std::int64_t addr) const {
+        std::size_t lo = 0, n = flat_.size();
+        while (n > 0) {
+            const std::size_t half = n / 2;
+            const Entry& e = flat_[lo + half];
+            if (!SortedRuns::less(e.size, e.addr, size, addr)) {
+                lo += half + 1;
+                n -= half + 1;
+            } else {
+                n = half;
+            }
+        }
+        return lo;
+    }
+    std::vector<Entry> flat_;          // descending, while big_ is null
+    std::unique_ptr<SortedRuns> big_;  // past kFlatMax entries
+};
+
+// The free, mapped blocks of a pool in best-fit order (BlockComparatorSize:
+// stream, size, address), with a count of their sizes outside CUDA graph
+// private pools so that the largest free block (what an OOM message and every
+// new peak of a replay report) is O(log n), not a walk over the streams of a
+// snapshot with thousands of them.
+//
+// The order is the source's std::set<Block*>; the structure is not. Every
+// malloc searches this set and most mallocs and frees change it, and a
+// step's pools hold hundreds of free blocks (856 in the small pool of
+// `gpumem estimate llama-3-8b`, about 500 in a generated snapshot's). A
+// red-black tree of pointers compared through the blocks took a third of a
+// step simulation's samples (perf); one SortedRuns of every block (the
+// structure before this one) still spent most of a large snapshot's replay
+// in mispredicted comparisons (FreeBlocks::insert 29%, erase 15% of
+// `gpumem snapshot` on 10M entries).
+//
+// Here each stream's blocks are split by size into classes, as a two-level
+// segregated-fit allocator does (TLSF: Masmano et al., "TLSF: a new dynamic
+// memory allocator for real-time systems", ECRTS 2004): below 32 KiB one
+// class per 512 bytes (the allocator's rounding, so one size each), above it
+// 64 classes per power of two. A bit per non-empty class and one per level
+// with a non-empty class find the first class at or above a size with a
+// count-trailing-zeros; a class (SizeClass) keeps its blocks in (size,
+// address) order, so its first is its best fit. The order the allocator sees is unchanged:
+// classes are ordered by size, so lower_bound, ++ and -- walk (stream, size,
+// address) exactly. Measured against the single SortedRuns on this
+// project's 2-core machine: replaying BM_Replay1M's trace 5 times, CPU time
+// x0.76 (farm-bench, median of 11 pairs), 995M -> 875M instructions and 11.1M
+// -> 5.1M mispredicted branches (cachegrind's model); 40 calls of `gpumem
+// estimate llama-3-8b`, CPU time x0.89 (median of 11 pairs), mispredicted
+// branches 158k -> 107k.
+class FreeBlocks {
+    using Entry = SizeClass::Entry;
+    using Pos = SizeClass::Pos;
+    static constexpr int kSubBits = 6;
+    static constexpr std::uint32_t kSubs = 1U << kSubBits;        // classes per level
+    static constexpr int kExactShift = 9;                         // level 0: 512-byte classes
+    static constexpr std::uint64_t kLevel0 = std::uint64_t{kSubs} << kExactShift;  // 32 KiB
+    static constexpr int kLevel0Bits = kSubBits + kExactShift;    // 15
+    static constexpr std::uint32_t kLevels = 64 - kLevel0Bits + 1;  // sizes below 2^63
+    static constexpr std::uint32_t kClasses = kLevels * kSubs;
+
+    static std::uint32_t class_of(std::int64_t size) {
+        if (size < 0) return 0;
+        const auto s = static_cast<std::uint64_t>(size);
+        if (s < kLevel0) return static_cast<std::uint32_t>(s >> kExactShift);
+        const int fl = static_cast<int>(std::bit_width(s)) - 1;  // >= kLevel0Bits
+        return static_cast<std::uint32_t>(fl - kLevel0Bits + 1) * kSubs +
+               static_cast<std::uint32_t>((s >> (fl - kSubBits)) & (kSubs - 1));
+    }
+    struct Level {
+        SizeClass lists[kSubs];
+    };
+    // One stream's classes.
+    struct Bins {
+        explicit Bins(int s) : stream(s) {}
+        int stream;
+        std::uint64_t levels = 0;            // bit l: level l has a non-empty class
+        std::uint64_t subs[kLevels] = {};    // per level, bit k: class k is non-empty
+        std::unique_ptr<Level> level[kLevels];
+        [[nodiscard]] const SizeClass& list(std::uint32_t c) const { return level[c / kSubs]->lists[c % kSubs]; }
+        SizeClass& list(std::uint32_t c) { return level[c / kSubs]->lists[c % kSubs]; }
+        [[nodiscard]] bool has(std::uint32_t c) const { return (subs[c / kSubs] >> (c % kSubs)) & 1U; }
+        // The first non-empty class at or after c (kClasses: none).
+        [[nodiscard]] std::uint32_t next_from(std::uint32_t c) const {
+            if (c >= kClasses) return kClasses;
+            std::uint32_t lv = c / kSubs;
+            const std::uint64_t m = subs[lv] & (~std::uint64_t{0} << (c % kSubs));
+            if (m) return lv * kSubs + static_cast<std::uint32_t>(std::countr_zero(m));
+            const std::uint64_t lm = lv + 1 < 64 ? levels & (~std::uint64_t{0} << (lv + 1)) : 0;
+            if (!lm) return kClasses;
+            lv = static_cast<std::uint32_t>(std::countr_zero(lm));
+            return lv * kSubs + static_cast<std::uint32_t>(std::countr_zero(subs[lv]));
+        }
+        // The last non-empty class before c (kClasses: none).
+        [[nodiscard]] std::uint32_t last_before(std::uint32_t c) const {
+            if (c == 0) return kClasses;
+            c = std::min(c, kClasses) - 1;
+            std::uint32_t lv = c / kSubs;
+            const std::uint32_t sub = c % kSubs;
+            const std::uint64_t m = subs[lv] & (sub + 1 == 64 ? ~std::uint64_t{0} : (std::uint64_t{2} << sub) - 1);
+            if (m) return lv * kSubs + 63U - static_cast<std::uint32_t>(std::countl_zero(m));
+            const std::uint64_t lm = levels & ((std::uint64_t{1} << lv) - 1);
+            if (!lm) return kClasses;
+            lv = 63U - static_cast<std::uint32_t>(std::countl_zero(lm));
+            return lv * kSubs + 63U - static_cast<std::uint32_t>(std::countl_zero(subs[lv]));
+        }
+    };
+
+public:
+    FreeBlocks() = default;
+    FreeBlocks(const FreeBlocks&) = delete;
+    FreeBlocks& operator=(const FreeBlocks&) = delete;
+
+    // A position: stream `si` (end: si == streams), class `c`, entry `p` of
+    // the class. Valid until the set changes.
+    class iterator {
+    public:
+        Block* operator*() const { return s_->streams_[si_]->list(c_).at(p_).b; }
+        iterator& operator++() {
+            const SizeClass& l = s_->streams_[si_]->list(c_);
+            if (++p_.i < l.run_size(p_.bi)) return *this;
+            if (++p_.bi < l.runs()) {
+                p_.i = 0;
+                return *this;
+            }
+            *this = s_->first_from(si_, c_ + 1);
+            return *this;
+        }
+        iterator& operator--() {
+            if (si_ < s_->streams_.size()) {
+                if (p_.i > 0) {
+                    --p_.i;
+                    return *this;
+                }
+                if (p_.bi > 0) {
+                    --p_.bi;
+                    p_.i = s_->streams_[si_]->list(c_).run_size(p_.bi) - 1;
+                    return *this;
+                }
+            }
+            *this = s_->last_before(si_, c_);
+            return *this;
+        }
+        bool operator==(const iterator& o) const { return si_ == o.si_ && c_ == o.c_ && p_ == o.p_; }
+
+    private:
+        friend class FreeBlocks;
+        iterator(const FreeBlocks* s, std::size_t si, std::uint32_t c, Pos p) : s_(s), si_(si), c_(c), p_(p) {}
+        const FreeBlocks* s_;
+        std::size_t si_;
+        std::uint32_t c_;
+        Pos p_;
+    };
+
+    [[nodiscard]] iterator begin() const { return first_from(0, 0); }
+    [[nodiscard]] iterator end() const { return {this, streams_.size(), 0, Pos{}}; }
+    // First block not ordered before `key` (std::set::lower_bound).
+    [[nodiscard]] iterator lower_bound(const Block* key) const {
+        const std::size_t si = stream_at_or_after(key->stream);
+        if (si == streams_.size() || streams_[si]->stream != key->stream) return first_from(si, 0);
+        const Bins& b = *streams_[si];
+        const std::uint32_t c = class_of(key->size);
+        if (b.has(c)) {
+            const SizeClass& l = b.list(c);
+            const Pos p = l.lower_bound(key->size, key->addr);
+            if (p.bi < l.runs()) return {this, si, c, p};
+        }
+        return first_from(si, c + 1);
+    }
+    // The position of `b`, or end().
+    [[nodiscard]] iterator find(const Block* b) const {
+        const iterator it = lower_bound(b);
+        return it != end() && *it == b ? it : end();
+    }
+    [[nodiscard]] std::size_t size() const { return size_; }
+    [[nodiscard]] bool empty() const { return size_ == 0; }
+    // The streams in order, each class's bits set exactly when it holds
+    // entries, each entry in its size's class, each class in order, each
+    // entry's key its block's; the walk the allocator makes visits every
+    // entry in strictly increasing (stream, size, address) order.
+    [[nodiscard]] bool consistent() const {
+        std::size_t n = 0;
+        for (std::size_t si = 0; si < streams_.size(); ++si) {
+            const Bins& b = *streams_[si];
+            if (si > 0 && streams_[si - 1]->stream >= b.stream) return false;
+            for (std::uint32_t lv = 0; lv < kLevels; ++lv) {
+                if (((b.levels >> lv) & 1U) != (b.subs[lv] != 0 ? 1U : 0U)) return false;
+                for (std::uint32_t k = 0; k < kSubs; ++k) {
+                    const std::uint32_t c = lv * kSubs + k;
+                    if (!b.level[lv]) {
+                        if (b.has(c)) return false;
+                        continue;
+                    }
+                    const SizeClass& l = b.list(c);
+                    if (b.has(c) == l.empty() || !l.ordered()) return false;
+                    for (std::uint32_t bi = 0; bi < l.runs(); ++bi)
+                        for (std::uint32_t i = 0; i < l.run_size(bi); ++i) {
+                            const Entry& e = l.at(Pos{bi, i});
+                            if (class_of(e.size) != c || e.b->size != e.size || e.b->addr != e.addr || e.b->stream != b.stream || !e.b->in_free)
+                                return false;
+                            ++n;
+                        }
+                }
+            }
+        }
+        if (n != size_) return false;
+        std::size_t walked = 0;
+        const Block* prev = nullptr;
+        for (const Block* x : *this) {
+            if (prev && !(prev->stream < x->stream || (prev->stream == x->stream && SortedRuns::less(prev->size, prev->addr, x->size, x->addr))))
+                return false;
+            prev = x;
+            ++walked;
+        }
+        return walked == size_;
+    }
+
+    void insert(Block* b) {
+        Bins& bins = bins_for(b->stream);
+        const std::uint32_t c = class_of(b->size);
+        const std::uint32_t lv = c / kSubs;
+        if (!bins.level[lv]) bins.level[lv] = std::make_unique<Level>();
+        if (!bins.list(c).insert(Entry{b->size, b->addr, b})) return;  // an equal key is in the set (std::set::insert)
+        bins.subs[lv] |= std::uint64_t{1} << (c % kSubs);
+        bins.levels |= std::uint64_t{1} << lv;
+        ++size_;
+        b->in_free = true;
+        if (b->stream != 0) note(b, +1);
+    }
+    void erase(iterator it) {
+        Bins& bins = *streams_[it.si_];
+        SizeClass& l = bins.list(it.c_);
+        Block* b = l.at(it.p_).b;
+        if (b->stream != 0) note(b, -1);
+        b->in_free = false;
+        l.erase(it.p_);
+        --size_;
+        if (l.empty()) {
+            const std::uint32_t lv = it.c_ / kSubs;
+            bins.subs[lv] &= ~(std::uint64_t{1} << (it.c_ % kSubs));
+            if (bins.subs[lv] == 0) bins.levels &= ~(std::uint64_t{1} << lv);
+        }
+    }
+    std::size_t erase(Block* b) {
+        if (!b->in_free) return 0;
+        const iterator it = find(b);
+        // A free block's key never changes while it is in the set.
+        if (it == end()) throw std::logic_error("CachingAllocator invariant violated: free block missing from its pool");
+        erase(it);
+        return 1;
+    }
+    // Largest free block of the eager streams (a graph pool's blocks serve no
+    // eager request): stream 0's is the last entry of its last non-empty
+    // class; the other eager streams' sizes are counted (almost every free
+    // block is stream 0's, and counting them was a twelfth of a snapshot
+    // replay).
+    [[nodiscard]] std::int64_t largest_eager() const {
+        std::int64_t best = eager_sizes_.empty() ? 0 : eager_sizes_.rbegin()->first;
+        const std::size_t si = stream_at_or_after(0);
+        if (si < streams_.size() && streams_[si]->stream == 0) {
+            const Bins& b = *streams_[si];
+            const std::uint32_t c = b.last_before(kClasses);
+            if (c != kClasses) best = std::max(best, b.list(c).largest().size);
+        }
+        return best;
+    }
+
+private:
+    // The first entry of class c or later of stream si, else of the streams after it.
+    [[nodiscard]] iterator first_from(std::size_t si, std::uint32_t c) const {
+        for (; si < streams_.size(); ++si, c = 0) {
+            const std::uint32_t f = streams_[si]->next_from(c);
+            if (f != kClasses) return {this, si, f, Pos{}};
+        }
+        return end();
+    }
+    // The last entry before class c of stream si (at end(): of the last
+    // stream), else of the streams before it. Not called at begin().
+    [[nodiscard]] iterator last_before(std::size_t si, std::uint32_t c) const {
+        if (si >= streams_.size()) {
+            si = streams_.size() - 1;
+            c = kClasses;
+        }
+        for (;; --si, c = kClasses) {
+            const Bins& b = *streams_[si];
+            const std::uint32_t f = b.last_before(c);
+            if (f != kClasses) return {this, si, f, b.list(f).last()};
+            if (si == 0) throw std::logic_error("FreeBlocks: decrement of begin()");
+        }
+    }
+    // The index of the first stream not below s.
+    [[nodiscard]] std::size_t stream_at_or_after(int s) const {
+        if (!streams_.empty() && streams_.front()->stream >= s) return 0;
+        std::size_t lo = 0, n = streams_.size();
+        while (n > 0) {
+            const std::size_t half = n / 2;
+            if (streams_[lo + half]->stream < s) {
+                lo += half + 1;
+                n -= half + 1;
+            } else {
+                n = half;
+            }
+        }
+        return lo;
+    }
+    Bins& bins_for(int s) {
+        const std::size_t si = stream_at_or_after(s);
+        if (si < streams_.size() && streams_[si]->stream == s) return *streams_[si];
+        return **streams_.insert(streams_.begin() + static_cast<std::ptrdiff_t>(si), std::make_unique<Bins>(s));
+    }
     void note(const Block* b, int delta);
 
-    std::vector<Bucket*> runs_;   // in key order
-    std::vector<Key> lasts_;      // each run's last key (a copy, in one array for run_for's search)
+    std::vector<std::unique_ptr<Bins>> streams_;  // by stream, kept once made
     std::size_t size_ = 0;
-    std::vector<std::unique_ptr<Bucket>> owned_;  // every run made, kept for reuse
-    std::vector<Bucket*> spare_;
     std::map<std::int64_t, std::int64_t> eager_sizes_;  // size -> free blocks of that size (eager streams but 0)
 };
 
