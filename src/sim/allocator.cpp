@@ -27,6 +27,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
@@ -356,6 +357,7 @@ public:
             return big_->empty();
         return flat_.empty();
     }
+    [[nodiscard]] std::size_t size() const { return big_ ? big_->size() : flat_.size(); }
     [[nodiscard]] std::uint32_t runs() const {
         if (big_) [[unlikely]]
             return big_->runs();
@@ -452,21 +454,22 @@ private:
 // in mispredicted comparisons (FreeBlocks::insert 29%, erase 15% of
 // `gpumem snapshot` on 10M entries).
 //
-// Here each stream's blocks are split by size into classes, as a two-level
-// segregated-fit allocator does (TLSF: Masmano et al., "TLSF: a new dynamic
-// memory allocator for real-time systems", ECRTS 2004): below 32 KiB one
-// class per 512 bytes (the allocator's rounding, so one size each), above it
-// 64 classes per power of two. A bit per non-empty class and one per level
-// with a non-empty class find the first class at or above a size with a
-// count-trailing-zeros; a class (SizeClass) keeps its blocks in (size,
-// address) order, so its first is its best fit. The order the allocator sees is unchanged:
-// classes are ordered by size, so lower_bound, ++ and -- walk (stream, size,
-// address) exactly. Measured against the single SortedRuns on this
-// project's 2-core machine: replaying BM_Replay1M's trace 5 times, CPU time
-// x0.76 (farm-bench, median of 11 pairs), 995M -> 875M instructions and 11.1M
-// -> 5.1M mispredicted branches (cachegrind's model); 40 calls of `gpumem
-// estimate llama-3-8b`, CPU time x0.89 (median of 11 pairs), mispredicted
-// branches 158k -> 107k.
+// Here each stream's blocks (past kFewBlocks of them; one list before) are
+// split by size into classes, as a two-level segregated-fit allocator does
+// (TLSF: Masmano et al., "TLSF: a new dynamic memory allocator for real-time
+// systems", ECRTS 2004): below 32 KiB one class per 512 bytes (the
+// allocator's rounding, so one size each), above it 64 classes per power of
+// two. A bit per non-empty class and one per level with a non-empty class
+// find the first class at or above a size with a count-trailing-zeros; a
+// class (SizeClass) keeps its blocks in (size, address) order, so its first
+// is its best fit. The order the allocator sees is unchanged: classes are
+// ordered by size, so lower_bound, ++ and -- walk (stream, size, address)
+// exactly. Measured against the single SortedRuns on this project's 2-core
+// machine: replaying BM_Replay1M's trace 5 times, CPU time x0.76 (farm-bench,
+// median of 11 pairs), 995M -> 871M instructions and 11.1M -> 5.0M
+// mispredicted branches (cachegrind's model); 40 calls of `gpumem estimate
+// llama-3-8b`, CPU time x0.89 (median of 11 pairs), mispredicted branches
+// 158k -> 109k.
 class FreeBlocks {
     using Entry = SizeClass::Entry;
     using Pos = SizeClass::Pos;
@@ -477,6 +480,11 @@ class FreeBlocks {
     static constexpr int kLevel0Bits = kSubBits + kExactShift;    // 15
     static constexpr std::uint32_t kLevels = 64 - kLevel0Bits + 1;  // sizes below 2^63
     static constexpr std::uint32_t kClasses = kLevels * kSubs;
+    // A stream's blocks stay in one list (class 0) until there are more than
+    // this many: a snapshot of 10^5 streams holding a block or two each then
+    // costs a list each, not a table of classes each (2.8 KB a stream: 60,000
+    // streams took 201 MB instead of 33 MB).
+    static constexpr std::size_t kFewBlocks = 32;
 
     static std::uint32_t class_of(std::int64_t size) {
         if (size < 0) return 0;
@@ -489,39 +497,64 @@ class FreeBlocks {
     struct Level {
         SizeClass lists[kSubs];
     };
-    // One stream's classes.
-    struct Bins {
-        explicit Bins(int s) : stream(s) {}
-        int stream;
+    struct Classes {
         std::uint64_t levels = 0;            // bit l: level l has a non-empty class
         std::uint64_t subs[kLevels] = {};    // per level, bit k: class k is non-empty
         std::unique_ptr<Level> level[kLevels];
-        [[nodiscard]] const SizeClass& list(std::uint32_t c) const { return level[c / kSubs]->lists[c % kSubs]; }
-        SizeClass& list(std::uint32_t c) { return level[c / kSubs]->lists[c % kSubs]; }
-        [[nodiscard]] bool has(std::uint32_t c) const { return (subs[c / kSubs] >> (c % kSubs)) & 1U; }
+    };
+    // One stream's free blocks: all in `few` while there are few, then by
+    // class (`cls`, kept once made).
+    struct Bins {
+        explicit Bins(int s) : stream(s) {}
+        int stream;
+        SizeClass few;
+        std::unique_ptr<Classes> cls;
+        [[nodiscard]] const SizeClass& list(std::uint32_t c) const { return cls ? cls->level[c / kSubs]->lists[c % kSubs] : few; }
+        SizeClass& list(std::uint32_t c) { return cls ? cls->level[c / kSubs]->lists[c % kSubs] : few; }
+        [[nodiscard]] std::uint32_t class_for(std::int64_t size) const { return cls ? class_of(size) : 0; }
+        [[nodiscard]] bool has(std::uint32_t c) const {
+            return cls ? ((cls->subs[c / kSubs] >> (c % kSubs)) & 1U) != 0 : c == 0 && !few.empty();
+        }
         // The first non-empty class at or after c (kClasses: none).
         [[nodiscard]] std::uint32_t next_from(std::uint32_t c) const {
+            if (!cls) return c == 0 && !few.empty() ? 0 : kClasses;
             if (c >= kClasses) return kClasses;
             std::uint32_t lv = c / kSubs;
-            const std::uint64_t m = subs[lv] & (~std::uint64_t{0} << (c % kSubs));
+            const std::uint64_t m = cls->subs[lv] & (~std::uint64_t{0} << (c % kSubs));
             if (m) return lv * kSubs + static_cast<std::uint32_t>(std::countr_zero(m));
-            const std::uint64_t lm = lv + 1 < 64 ? levels & (~std::uint64_t{0} << (lv + 1)) : 0;
+            const std::uint64_t lm = lv + 1 < 64 ? cls->levels & (~std::uint64_t{0} << (lv + 1)) : 0;
             if (!lm) return kClasses;
             lv = static_cast<std::uint32_t>(std::countr_zero(lm));
-            return lv * kSubs + static_cast<std::uint32_t>(std::countr_zero(subs[lv]));
+            return lv * kSubs + static_cast<std::uint32_t>(std::countr_zero(cls->subs[lv]));
         }
         // The last non-empty class before c (kClasses: none).
         [[nodiscard]] std::uint32_t last_before(std::uint32_t c) const {
             if (c == 0) return kClasses;
+            if (!cls) return few.empty() ? kClasses : 0;
             c = std::min(c, kClasses) - 1;
             std::uint32_t lv = c / kSubs;
             const std::uint32_t sub = c % kSubs;
-            const std::uint64_t m = subs[lv] & (sub + 1 == 64 ? ~std::uint64_t{0} : (std::uint64_t{2} << sub) - 1);
+            const std::uint64_t m = cls->subs[lv] & (sub + 1 == 64 ? ~std::uint64_t{0} : (std::uint64_t{2} << sub) - 1);
             if (m) return lv * kSubs + 63U - static_cast<std::uint32_t>(std::countl_zero(m));
-            const std::uint64_t lm = levels & ((std::uint64_t{1} << lv) - 1);
+            const std::uint64_t lm = cls->levels & ((std::uint64_t{1} << lv) - 1);
             if (!lm) return kClasses;
             lv = 63U - static_cast<std::uint32_t>(std::countl_zero(lm));
-            return lv * kSubs + 63U - static_cast<std::uint32_t>(std::countl_zero(subs[lv]));
+            return lv * kSubs + 63U - static_cast<std::uint32_t>(std::countl_zero(cls->subs[lv]));
+        }
+        // Into class c's list (made if needed); false if the key is there.
+        bool add(std::uint32_t c, const Entry& x) {
+            const std::uint32_t lv = c / kSubs;
+            if (!cls->level[lv]) cls->level[lv] = std::make_unique<Level>();
+            if (!cls->level[lv]->lists[c % kSubs].insert(x)) return false;
+            cls->subs[lv] |= std::uint64_t{1} << (c % kSubs);
+            cls->levels |= std::uint64_t{1} << lv;
+            return true;
+        }
+        // Class c's list emptied: its bits cleared.
+        void emptied(std::uint32_t c) {
+            const std::uint32_t lv = c / kSubs;
+            cls->subs[lv] &= ~(std::uint64_t{1} << (c % kSubs));
+            if (cls->subs[lv] == 0) cls->levels &= ~(std::uint64_t{1} << lv);
         }
     };
 
@@ -530,61 +563,63 @@ public:
     FreeBlocks(const FreeBlocks&) = delete;
     FreeBlocks& operator=(const FreeBlocks&) = delete;
 
-    // A position: stream `si` (end: si == streams), class `c`, entry `p` of
-    // the class. Valid until the set changes.
+    // A position: a stream's blocks (end: null), class `c`, entry `p` of the
+    // class. Valid until the set changes.
     class iterator {
     public:
-        Block* operator*() const { return s_->streams_[si_]->list(c_).at(p_).b; }
+        Block* operator*() const { return b_->list(c_).at(p_).b; }
         iterator& operator++() {
-            const SizeClass& l = s_->streams_[si_]->list(c_);
+            const SizeClass& l = b_->list(c_);
             if (++p_.i < l.run_size(p_.bi)) return *this;
             if (++p_.bi < l.runs()) {
                 p_.i = 0;
                 return *this;
             }
-            *this = s_->first_from(si_, c_ + 1);
+            *this = s_->first_from(b_, c_ + 1);
             return *this;
         }
         iterator& operator--() {
-            if (si_ < s_->streams_.size()) {
+            if (b_) {
                 if (p_.i > 0) {
                     --p_.i;
                     return *this;
                 }
                 if (p_.bi > 0) {
                     --p_.bi;
-                    p_.i = s_->streams_[si_]->list(c_).run_size(p_.bi) - 1;
+                    p_.i = b_->list(c_).run_size(p_.bi) - 1;
                     return *this;
                 }
             }
-            *this = s_->last_before(si_, c_);
+            *this = s_->last_before(b_, c_);
             return *this;
         }
-        bool operator==(const iterator& o) const { return si_ == o.si_ && c_ == o.c_ && p_ == o.p_; }
+        bool operator==(const iterator& o) const { return b_ == o.b_ && c_ == o.c_ && p_ == o.p_; }
 
     private:
         friend class FreeBlocks;
-        iterator(const FreeBlocks* s, std::size_t si, std::uint32_t c, Pos p) : s_(s), si_(si), c_(c), p_(p) {}
+        iterator(const FreeBlocks* s, const Bins* b, std::uint32_t c, Pos p) : s_(s), b_(b), c_(c), p_(p) {}
         const FreeBlocks* s_;
-        std::size_t si_;
+        const Bins* b_;
         std::uint32_t c_;
         Pos p_;
     };
 
-    [[nodiscard]] iterator begin() const { return first_from(0, 0); }
-    [[nodiscard]] iterator end() const { return {this, streams_.size(), 0, Pos{}}; }
+    [[nodiscard]] iterator begin() const { return first_from(streams_.empty() ? nullptr : streams_.begin()->second.get(), 0); }
+    [[nodiscard]] iterator end() const { return {this, nullptr, 0, Pos{}}; }
     // First block not ordered before `key` (std::set::lower_bound).
     [[nodiscard]] iterator lower_bound(const Block* key) const {
-        const std::size_t si = stream_at_or_after(key->stream);
-        if (si == streams_.size() || streams_[si]->stream != key->stream) return first_from(si, 0);
-        const Bins& b = *streams_[si];
-        const std::uint32_t c = class_of(key->size);
-        if (b.has(c)) {
-            const SizeClass& l = b.list(c);
-            const Pos p = l.lower_bound(key->size, key->addr);
-            if (p.bi < l.runs()) return {this, si, c, p};
+        const Bins* b = find_bins(key->stream);
+        if (!b) {
+            const auto it = streams_.upper_bound(key->stream);
+            return first_from(it == streams_.end() ? nullptr : it->second.get(), 0);
         }
-        return first_from(si, c + 1);
+        const std::uint32_t c = b->class_for(key->size);
+        if (b->has(c)) {
+            const SizeClass& l = b->list(c);
+            const Pos p = l.lower_bound(key->size, key->addr);
+            if (p.bi < l.runs()) return {this, b, c, p};
+        }
+        return first_from(b, c + 1);
     }
     // The position of `b`, or end().
     [[nodiscard]] iterator find(const Block* b) const {
@@ -593,32 +628,42 @@ public:
     }
     [[nodiscard]] std::size_t size() const { return size_; }
     [[nodiscard]] bool empty() const { return size_ == 0; }
-    // The streams in order, each class's bits set exactly when it holds
-    // entries, each entry in its size's class, each class in order, each
-    // entry's key its block's; the walk the allocator makes visits every
-    // entry in strictly increasing (stream, size, address) order.
+    // Each stream's blocks in order, under its own stream, each in the list
+    // of its class (class 0 while few), a class's bits set exactly when its
+    // list holds blocks, each entry's key its block's; the walk the
+    // allocator makes visits every block in strictly increasing (stream,
+    // size, address) order.
     [[nodiscard]] bool consistent() const {
         std::size_t n = 0;
-        for (std::size_t si = 0; si < streams_.size(); ++si) {
-            const Bins& b = *streams_[si];
-            if (si > 0 && streams_[si - 1]->stream >= b.stream) return false;
+        auto check_list = [&n](const SizeClass& l, int stream, std::optional<std::uint32_t> cls) {
+            if (!l.ordered()) return false;
+            for (std::uint32_t bi = 0; bi < l.runs(); ++bi)
+                for (std::uint32_t i = 0; i < l.run_size(bi); ++i) {
+                    const Entry& e = l.at(Pos{bi, i});
+                    if ((cls && class_of(e.size) != *cls) || e.b->size != e.size || e.b->addr != e.addr || e.b->stream != stream || !e.b->in_free)
+                        return false;
+                    ++n;
+                }
+            return true;
+        };
+        for (const auto& [stream, bp] : streams_) {
+            const Bins& b = *bp;
+            if (b.stream != stream) return false;
+            if (!b.cls) {
+                if (b.few.size() > kFewBlocks || !check_list(b.few, stream, std::nullopt)) return false;
+                continue;
+            }
+            if (!b.few.empty()) return false;
             for (std::uint32_t lv = 0; lv < kLevels; ++lv) {
-                if (((b.levels >> lv) & 1U) != (b.subs[lv] != 0 ? 1U : 0U)) return false;
+                if (((b.cls->levels >> lv) & 1U) != (b.cls->subs[lv] != 0 ? 1U : 0U)) return false;
                 for (std::uint32_t k = 0; k < kSubs; ++k) {
                     const std::uint32_t c = lv * kSubs + k;
-                    if (!b.level[lv]) {
+                    if (!b.cls->level[lv]) {
                         if (b.has(c)) return false;
                         continue;
                     }
                     const SizeClass& l = b.list(c);
-                    if (b.has(c) == l.empty() || !l.ordered()) return false;
-                    for (std::uint32_t bi = 0; bi < l.runs(); ++bi)
-                        for (std::uint32_t i = 0; i < l.run_size(bi); ++i) {
-                            const Entry& e = l.at(Pos{bi, i});
-                            if (class_of(e.size) != c || e.b->size != e.size || e.b->addr != e.addr || e.b->stream != b.stream || !e.b->in_free)
-                                return false;
-                            ++n;
-                        }
+                    if (b.has(c) == l.empty() || !check_list(l, stream, c)) return false;
                 }
             }
         }
@@ -636,29 +681,26 @@ public:
 
     void insert(Block* b) {
         Bins& bins = bins_for(b->stream);
-        const std::uint32_t c = class_of(b->size);
-        const std::uint32_t lv = c / kSubs;
-        if (!bins.level[lv]) bins.level[lv] = std::make_unique<Level>();
-        if (!bins.list(c).insert(Entry{b->size, b->addr, b})) return;  // an equal key is in the set (std::set::insert)
-        bins.subs[lv] |= std::uint64_t{1} << (c % kSubs);
-        bins.levels |= std::uint64_t{1} << lv;
+        const Entry x{b->size, b->addr, b};
+        if (bins.cls) {
+            if (!bins.add(class_of(b->size), x)) return;  // an equal key is in the set (std::set::insert)
+        } else {
+            if (!bins.few.insert(x)) return;
+            if (bins.few.size() > kFewBlocks) spread(bins);
+        }
         ++size_;
         b->in_free = true;
         if (b->stream != 0) note(b, +1);
     }
     void erase(iterator it) {
-        Bins& bins = *streams_[it.si_];
+        Bins& bins = const_cast<Bins&>(*it.b_);  // (the set's own, reached through a position)
         SizeClass& l = bins.list(it.c_);
         Block* b = l.at(it.p_).b;
         if (b->stream != 0) note(b, -1);
         b->in_free = false;
         l.erase(it.p_);
         --size_;
-        if (l.empty()) {
-            const std::uint32_t lv = it.c_ / kSubs;
-            bins.subs[lv] &= ~(std::uint64_t{1} << (it.c_ % kSubs));
-            if (bins.subs[lv] == 0) bins.levels &= ~(std::uint64_t{1} << lv);
-        }
+        if (bins.cls && l.empty()) bins.emptied(it.c_);
     }
     std::size_t erase(Block* b) {
         if (!b->in_free) return 0;
@@ -675,61 +717,72 @@ public:
     // replay).
     [[nodiscard]] std::int64_t largest_eager() const {
         std::int64_t best = eager_sizes_.empty() ? 0 : eager_sizes_.rbegin()->first;
-        const std::size_t si = stream_at_or_after(0);
-        if (si < streams_.size() && streams_[si]->stream == 0) {
-            const Bins& b = *streams_[si];
-            const std::uint32_t c = b.last_before(kClasses);
-            if (c != kClasses) best = std::max(best, b.list(c).largest().size);
+        if (const Bins* b = find_bins(0)) {
+            const std::uint32_t c = b->last_before(kClasses);
+            if (c != kClasses) best = std::max(best, b->list(c).largest().size);
         }
         return best;
     }
 
 private:
-    // The first entry of class c or later of stream si, else of the streams after it.
-    [[nodiscard]] iterator first_from(std::size_t si, std::uint32_t c) const {
-        for (; si < streams_.size(); ++si, c = 0) {
-            const std::uint32_t f = streams_[si]->next_from(c);
-            if (f != kClasses) return {this, si, f, Pos{}};
+    // The first entry of class c or later of stream b, else of the streams after it.
+    [[nodiscard]] iterator first_from(const Bins* b, std::uint32_t c) const {
+        for (; b; b = next_bins(b), c = 0) {
+            const std::uint32_t f = b->next_from(c);
+            if (f != kClasses) return {this, b, f, Pos{}};
         }
         return end();
     }
-    // The last entry before class c of stream si (at end(): of the last
+    // The last entry before class c of stream b (at end(): of the last
     // stream), else of the streams before it. Not called at begin().
-    [[nodiscard]] iterator last_before(std::size_t si, std::uint32_t c) const {
-        if (si >= streams_.size()) {
-            si = streams_.size() - 1;
+    [[nodiscard]] iterator last_before(const Bins* b, std::uint32_t c) const {
+        if (!b) {
+            if (streams_.empty()) throw std::logic_error("FreeBlocks: decrement of begin()");
+            b = streams_.rbegin()->second.get();
             c = kClasses;
         }
-        for (;; --si, c = kClasses) {
-            const Bins& b = *streams_[si];
-            const std::uint32_t f = b.last_before(c);
-            if (f != kClasses) return {this, si, f, b.list(f).last()};
-            if (si == 0) throw std::logic_error("FreeBlocks: decrement of begin()");
+        for (;;) {
+            const std::uint32_t f = b->last_before(c);
+            if (f != kClasses) return {this, b, f, b->list(f).last()};
+            const auto it = streams_.lower_bound(b->stream);
+            if (it == streams_.begin()) throw std::logic_error("FreeBlocks: decrement of begin()");
+            b = std::prev(it)->second.get();
+            c = kClasses;
         }
     }
-    // The index of the first stream not below s.
-    [[nodiscard]] std::size_t stream_at_or_after(int s) const {
-        if (!streams_.empty() && streams_.front()->stream >= s) return 0;
-        std::size_t lo = 0, n = streams_.size();
-        while (n > 0) {
-            const std::size_t half = n / 2;
-            if (streams_[lo + half]->stream < s) {
-                lo += half + 1;
-                n -= half + 1;
-            } else {
-                n = half;
-            }
-        }
-        return lo;
+    [[nodiscard]] const Bins* next_bins(const Bins* b) const {
+        const auto it = streams_.upper_bound(b->stream);
+        return it == streams_.end() ? nullptr : it->second.get();
+    }
+    // The stream's blocks, or null (the last one found is remembered: almost
+    // every call names stream 0).
+    [[nodiscard]] Bins* find_bins(int s) const {
+        if (hot_ && hot_->stream == s) return hot_;
+        const auto it = streams_.find(s);
+        if (it == streams_.end()) return nullptr;
+        hot_ = it->second.get();
+        return hot_;
     }
     Bins& bins_for(int s) {
-        const std::size_t si = stream_at_or_after(s);
-        if (si < streams_.size() && streams_[si]->stream == s) return *streams_[si];
-        return **streams_.insert(streams_.begin() + static_cast<std::ptrdiff_t>(si), std::make_unique<Bins>(s));
+        if (Bins* b = find_bins(s)) return *b;
+        auto& slot = streams_[s];
+        slot = std::make_unique<Bins>(s);
+        hot_ = slot.get();
+        return *slot;
+    }
+    // A stream past kFewBlocks: its blocks spread over the classes.
+    static void spread(Bins& bins) {
+        bins.cls = std::make_unique<Classes>();
+        for (std::uint32_t i = 0; i < bins.few.run_size(0); ++i) {
+            const Entry& e = bins.few.at(Pos{0, i});
+            bins.add(class_of(e.size), e);
+        }
+        bins.few = SizeClass{};
     }
     void note(const Block* b, int delta);
 
-    std::vector<std::unique_ptr<Bins>> streams_;  // by stream, kept once made
+    std::map<int, std::unique_ptr<Bins>> streams_;  // kept once made
+    mutable Bins* hot_ = nullptr;
     std::size_t size_ = 0;
     std::map<std::int64_t, std::int64_t> eager_sizes_;  // size -> free blocks of that size (eager streams but 0)
 };
