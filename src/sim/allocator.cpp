@@ -353,40 +353,34 @@ public:
     using Pos = SortedRuns::Pos;
 
     [[nodiscard]] bool empty() const {
-        if (big_) [[unlikely]]
-            return big_->empty();
+        if (big_) [[unlikely]] return big_->empty();
         return flat_.empty();
     }
     [[nodiscard]] std::size_t size() const { return big_ ? big_->size() : flat_.size(); }
     [[nodiscard]] std::uint32_t runs() const {
-        if (big_) [[unlikely]]
-            return big_->runs();
+        if (big_) [[unlikely]] return big_->runs();
         return flat_.empty() ? 0 : 1;
     }
     [[nodiscard]] std::uint32_t run_size(std::uint32_t bi) const {
-        if (big_) [[unlikely]]
-            return big_->run_size(bi);
+        if (big_) [[unlikely]] return big_->run_size(bi);
         return static_cast<std::uint32_t>(flat_.size());
     }
     [[nodiscard]] const Entry& at(Pos p) const {
-        if (big_) [[unlikely]]
-            return big_->at(p);
+        if (big_) [[unlikely]] return big_->at(p);
         return flat_[flat_.size() - 1 - p.i];
     }
     [[nodiscard]] const Entry& largest() const { return big_ ? big_->back() : flat_.front(); }
     [[nodiscard]] Pos last() const { return big_ ? big_->last() : Pos{0, static_cast<std::uint32_t>(flat_.size() - 1)}; }
     // The first entry not below (size, addr); {runs(), 0} if none.
     [[nodiscard]] Pos lower_bound(std::int64_t size, std::int64_t addr) const {
-        if (big_) [[unlikely]]
-            return big_->lower_bound(size, addr);
+        if (big_) [[unlikely]] return big_->lower_bound(size, addr);
         const std::size_t k = not_below(size, addr);
         if (k == 0) return {runs(), 0};
         return {0, static_cast<std::uint32_t>(flat_.size() - k)};
     }
     // False when an equal key is in the class (std::set::insert).
     bool insert(const Entry& x) {
-        if (big_) [[unlikely]]
-            return big_->insert(x);
+        if (big_) [[unlikely]] return big_->insert(x);
         const std::size_t k = not_below(x.size, x.addr);
         if (k > 0 && !SortedRuns::less(x.size, x.addr, flat_[k - 1].size, flat_[k - 1].addr)) return false;  // (flat_[k - 1] >= x)
         flat_.insert(flat_.begin() + static_cast<std::ptrdiff_t>(k), x);
@@ -597,9 +591,9 @@ public:
 
     private:
         friend class FreeBlocks;
-        iterator(const FreeBlocks* s, const Bins* b, std::uint32_t c, Pos p) : s_(s), b_(b), c_(c), p_(p) {}
+        iterator(const FreeBlocks* s, Bins* b, std::uint32_t c, Pos p) : s_(s), b_(b), c_(c), p_(p) {}
         const FreeBlocks* s_;
-        const Bins* b_;
+        Bins* b_;  // (the set's own: erase() changes it through a position)
         std::uint32_t c_;
         Pos p_;
     };
@@ -608,7 +602,7 @@ public:
     [[nodiscard]] iterator end() const { return {this, nullptr, 0, Pos{}}; }
     // First block not ordered before `key` (std::set::lower_bound).
     [[nodiscard]] iterator lower_bound(const Block* key) const {
-        const Bins* b = find_bins(key->stream);
+        Bins* b = find_bins(key->stream);
         if (!b) {
             const auto it = streams_.upper_bound(key->stream);
             return first_from(it == streams_.end() ? nullptr : it->second.get(), 0);
@@ -693,7 +687,7 @@ public:
         if (b->stream != 0) note(b, +1);
     }
     void erase(iterator it) {
-        Bins& bins = const_cast<Bins&>(*it.b_);  // (the set's own, reached through a position)
+        Bins& bins = *it.b_;
         SizeClass& l = bins.list(it.c_);
         Block* b = l.at(it.p_).b;
         if (b->stream != 0) note(b, -1);
@@ -726,7 +720,7 @@ public:
 
 private:
     // The first entry of class c or later of stream b, else of the streams after it.
-    [[nodiscard]] iterator first_from(const Bins* b, std::uint32_t c) const {
+    [[nodiscard]] iterator first_from(Bins* b, std::uint32_t c) const {
         for (; b; b = next_bins(b), c = 0) {
             const std::uint32_t f = b->next_from(c);
             if (f != kClasses) return {this, b, f, Pos{}};
@@ -735,7 +729,7 @@ private:
     }
     // The last entry before class c of stream b (at end(): of the last
     // stream), else of the streams before it. Not called at begin().
-    [[nodiscard]] iterator last_before(const Bins* b, std::uint32_t c) const {
+    [[nodiscard]] iterator last_before(Bins* b, std::uint32_t c) const {
         if (!b) {
             if (streams_.empty()) throw std::logic_error("FreeBlocks: decrement of begin()");
             b = streams_.rbegin()->second.get();
@@ -750,7 +744,7 @@ private:
             c = kClasses;
         }
     }
-    [[nodiscard]] const Bins* next_bins(const Bins* b) const {
+    [[nodiscard]] Bins* next_bins(const Bins* b) const {
         const auto it = streams_.upper_bound(b->stream);
         return it == streams_.end() ? nullptr : it->second.get();
     }
