@@ -567,9 +567,8 @@ TEST(Allocator, StatsEqualSegmentSumsUnderRandomOps) {
 // that block's address (a split keeps the low part). With none, a new
 // segment above every address so far. Default settings (no max_split_size:
 // every block may serve every request), a capacity nothing reaches. Sizes
-// span 512 B to 12 GiB and several streams, a CUDA graph pool's among them,
-// so that every size class of the free set and its walk across streams is
-// reached.
+// span 512 B to 8 GiB (size classes on 19 levels of the free set) on nine
+// streams, a CUDA graph pool's among them (its walk across streams).
 TEST(Allocator, BestFitIsTheSmallestThenLowestFreeBlockUnderRandomOps) {
     CachingAllocator a({}, GiB(1) * 4096);
     std::mt19937_64 rng(2026);
