@@ -567,7 +567,7 @@ TEST(Allocator, StatsEqualSegmentSumsUnderRandomOps) {
 // that block's address (a split keeps the low part). With none, a new
 // segment above every address so far. Default settings (no max_split_size:
 // every block may serve every request), a capacity nothing reaches. Sizes
-// span 512 B to 8 GiB (size classes on 19 levels of the free set) on nine
+// span 512 B to 8 GiB (the free set's 512-byte classes and 19 levels above) on nine
 // streams, a CUDA graph pool's among them (its walk across streams).
 TEST(Allocator, BestFitIsTheSmallestThenLowestFreeBlockUnderRandomOps) {
     CachingAllocator a({}, GiB(1) * 4096);
