@@ -751,21 +751,23 @@ private:
         const auto it = streams_.upper_bound(b->stream);
         return it == streams_.end() ? nullptr : it->second.get();
     }
-    // The stream's blocks, or null (the last one found is remembered: almost
-    // every call names stream 0).
+    // The stream's blocks, or null: the stream an insert last named first
+    // (almost every call names stream 0). Only inserts move it, so that
+    // const calls change nothing (concurrent reads of one allocator stay safe).
     [[nodiscard]] Bins* find_bins(int s) const {
         if (hot_ && hot_->stream == s) return hot_;
         const auto it = streams_.find(s);
-        if (it == streams_.end()) return nullptr;
-        hot_ = it->second.get();
-        return hot_;
+        return it == streams_.end() ? nullptr : it->second.get();
     }
     Bins& bins_for(int s) {
-        if (Bins* b = find_bins(s)) return *b;
-        auto& slot = streams_[s];
-        slot = std::make_unique<Bins>(s);
-        hot_ = slot.get();
-        return *slot;
+        Bins* b = find_bins(s);
+        if (!b) {
+            auto& slot = streams_[s];
+            slot = std::make_unique<Bins>(s);
+            b = slot.get();
+        }
+        hot_ = b;
+        return *b;
     }
     // A stream past kFewBlocks: its blocks spread over the classes.
     static void spread(Bins& bins) {
@@ -779,7 +781,7 @@ private:
     void note(const Block* b, int delta);
 
     std::map<int, std::unique_ptr<Bins>> streams_;  // kept once made
-    mutable Bins* hot_ = nullptr;
+    Bins* hot_ = nullptr;  // the stream the last insert named
     std::size_t size_ = 0;
     std::map<std::int64_t, std::int64_t> eager_sizes_;  // size -> free blocks of that size (eager streams but 0)
 };
