@@ -129,7 +129,6 @@ public:
     [[nodiscard]] std::uint32_t runs() const { return static_cast<std::uint32_t>(runs_.size()); }
     [[nodiscard]] std::uint32_t run_size(std::uint32_t bi) const { return runs_[bi]->n; }
     [[nodiscard]] const Entry& at(Pos p) const { return runs_[p.bi]->at()[p.i]; }
-    [[nodiscard]] const Entry& front() const { return runs_.front()->at()[0]; }
     [[nodiscard]] const Entry& back() const { return lasts_.back(); }
     [[nodiscard]] Pos last() const { return {runs() - 1, runs_.back()->n - 1}; }
     // The first entry not below (size, addr); {runs(), 0} if none.
