@@ -69,6 +69,30 @@ void expect_close(const EstimateRequest& r) { expect_close(analytic(r).per_gpu.p
 // Analytic and simulated peak_allocated within 5% on every job of a grid.
 void check_jobs(GridKind kind, const std::vector<GridJob>& jobs);
 
+// The device totals, what "fits" compares. The analytic path keeps one
+// largest-tensor block cached (memory/estimate.cpp); the simulator's cache is
+// the allocator's, its fragmentation included, so the totals agree less
+// closely than the peaks (on the default seeds, 57-88% of a grid's jobs
+// within 5%; single jobs up to 38% under and 35% over at other seeds). These
+// bounds catch a rule gone wrong for a whole class of jobs (an inference
+// job's analytic cache once counted training's whole-sequence logits: 2-10x
+// the simulated reserved of 8k-token prompts), not the fragmentation the
+// analytic path leaves to the simulator: no job's analytic total below half
+// the simulated one or above 1.75x (inference 1.15x: its working set is the
+// simulator's), and at least `within5` of the jobs within 5%. The shares
+// hold at GPUMEM_GRID_SEED 12 and 29 (GPUMEM_GRID_SCALE=2) as at the defaults.
+struct DeviceBounds {
+    double under, over, within5;
+};
+DeviceBounds device_bounds(GridKind k) {
+    switch (k) {
+        case GridKind::Expert: return {0.5, 0.75, 0.75};
+        case GridKind::Inference: return {0.5, 0.15, 0.7};
+        case GridKind::Sharded: return {0.5, 0.75, 0.45};
+        default: return {0.5, 0.75, 0.5};
+    }
+}
+
 void check_agreement(GridKind kind, int count, std::uint64_t seed) {
     const auto jobs = job_grid(kind, count, seed);
     ASSERT_GE(static_cast<int>(jobs.size()), count * 9 / 10) << "too few valid jobs drawn for " << kind_name(kind);
@@ -78,8 +102,19 @@ void check_agreement(GridKind kind, int count, std::uint64_t seed) {
 void check_jobs(GridKind kind, const std::vector<GridJob>& jobs) {
     int failures = 0;
     double worst = 0;
+    double dev_under = 0, dev_over = 0;
+    std::string dev_under_job, dev_over_job;
+    std::size_t dev_within = 0;
     for (const auto& j : jobs) {
         const EstimateResult s = simulated(j.req);
+        const EstimateResult a = analytic(j.req);
+        const double dt = rel(a.per_gpu.total_device, s.per_gpu.total_device);
+        const std::string dev = format_bytes(a.per_gpu.total_device) + " vs simulated " + format_bytes(s.per_gpu.total_device) + " (" +
+                                std::to_string(pct(dt)) + "%): " + request_to_command(j.req);
+        if (dt < dev_under) dev_under = dt, dev_under_job = dev;
+        if (dt > dev_over) dev_over = dt, dev_over_job = dev;
+        if (std::fabs(dt) <= 0.05) ++dev_within;
+        if (report()) std::cout << kind_name(kind) << " device " << pct(dt) << "% analytic " << dev << "\n";
         // Every rank the simulation ran, against the analytic view of that rank.
         std::vector<std::tuple<std::string, Bytes, Bytes>> pairs;
         if (s.parallel) {
@@ -88,7 +123,6 @@ void check_jobs(GridKind kind, const std::vector<GridJob>& jobs) {
                     pairs.emplace_back("stage " + std::to_string(st.stage) + " (" + st.contents + ", analytic " + st.peak_phase + ")",
                                        st.allocated + s.per_gpu.cublas_workspace, st.simulated_peak_allocated);
         } else {
-            const EstimateResult a = analytic(j.req);
             pairs.emplace_back("analytic " + a.per_gpu.peak_phase + ", simulated " + s.per_gpu.peak_phase, a.per_gpu.peak_allocated,
                                s.per_gpu.peak_allocated);
         }
@@ -106,7 +140,13 @@ void check_jobs(GridKind kind, const std::vector<GridJob>& jobs) {
             }
         }
     }
-    std::cout << kind_name(kind) << ": " << jobs.size() << " jobs, worst disagreement " << pct(worst) << "%\n";
+    const DeviceBounds b = device_bounds(kind);
+    const double within = static_cast<double>(dev_within) / static_cast<double>(std::max<std::size_t>(1, jobs.size()));
+    EXPECT_GE(dev_under, -b.under) << "analytic device total under the simulated by more than " << pct(b.under) << "%: " << dev_under_job;
+    EXPECT_LE(dev_over, b.over) << "analytic device total over the simulated by more than " << pct(b.over) << "%: " << dev_over_job;
+    EXPECT_GE(within, b.within5) << "device totals within 5%: " << pct(within) << "% of " << kind_name(kind) << " jobs";
+    std::cout << kind_name(kind) << ": " << jobs.size() << " jobs, worst disagreement " << pct(worst) << "%; device totals " << pct(dev_under) << "% to +"
+              << pct(dev_over) << "%, " << pct(within) << "% of jobs within 5%\n";
 }
 
 }  // namespace

@@ -106,9 +106,26 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         // that fits no cached block gets a fresh segment. The analytic path keeps
         // one largest-tensor-sized block cached (rounded to the 2 MiB segment
         // granularity); fragmentation beyond that is the step simulator's.
-        const Bytes largest = dist ? act.largest_tensor.ceil_div(std::max<std::int64_t>(1, job.layout.cfg.tp) * std::max<std::int64_t>(1, job.layout.cfg.cp))
-                                   : act.largest_tensor;
-        pg.allocator_overhead = largest.round_up(MiB(2).count());
+        // The largest tensor the step frees:
+        // - training: the largest the forward or backward makes (memory/activations.hpp);
+        // - inference: the prompt runs through the layers without autograd and
+        //   the output layer on its last position only (generate's
+        //   logits_to_keep=1, as the simulator's prefill, sim/step_inference.cpp):
+        //   a layer's largest tensor or one position's fp32 logits, not
+        //   training's whole-sequence logits (counted, they made the analytic
+        //   reserved of 8k-token prompts 2-10x the simulated on the test grid);
+        // - ZeRO-3 / FSDP: a unit's gathered parameters, one block gathered and
+        //   freed at each use (the root unit's, a tied 128k-token embedding,
+        //   outweighs every activation of a short sequence).
+        const ModelGraph& jg = job_graph(g, job);
+        Bytes act_largest = act.largest_tensor;
+        if (!train && jg.transformer && act.blocks.size() == jg.blocks.size() && !jg.blocks.empty()) {
+            act_largest = dtype_bytes(DType::F32, checked_mul(req.batch, jg.transformer->vocab));
+            for (std::size_t i = 0; i + 1 < act.blocks.size(); ++i) act_largest = max(act_largest, act.blocks[i].largest_tensor);
+        }
+        const Bytes largest = dist ? act_largest.ceil_div(std::max<std::int64_t>(1, job.layout.cfg.tp) * std::max<std::int64_t>(1, job.layout.cfg.cp))
+                                   : act_largest;
+        pg.allocator_overhead = max(largest, m.largest_gathered).round_up(MiB(2).count());
         pg.peak_reserved = pg.peak_allocated + pg.allocator_overhead;
         bool lazy_states_rule = false;
         // Optimizer states created by the first step (torch.optim, TE / apex

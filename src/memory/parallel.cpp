@@ -610,6 +610,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                         seq_kind.push_back(kind_of(static_cast<std::size_t>(in.block)));
                     }
                     Bytes kept;
+                    for (const Bytes& unit : seq_sizes) sm.largest_gathered = max(sm.largest_gathered, unit);
                     for (std::size_t k = 0; k < seq_sizes.size(); ++k) {
                         const Bytes next = k + 1 < seq_sizes.size() ? seq_sizes[k + 1] : Bytes(0);
                         const Bytes prev = k > 0 ? seq_sizes[k - 1] : Bytes(0);

@@ -236,6 +236,7 @@ struct StageMemory {
     Bytes kv_cache;                // inference: this rank's layers and key/value heads
     std::int64_t in_flight = 1;    // micro-batches (interleaved: model chunks) whose activations are kept
     Bytes gathered_params;         // ZeRO-3 / FSDP unsharded parameters in flight
+    Bytes largest_gathered;        // ZeRO-3 / FSDP: the largest unit's gathered parameters on this rank (one block, freed after each use)
     Bytes comm_buffers;            // DDP / ZeRO buckets, FSDP reduce-scatter, pipeline send/recv
     Bytes transient;               // temporaries of the peak phase
     Bytes rounding;                // allocator blocks beyond the bytes of the persistent tensors (memory/blocks.hpp)
