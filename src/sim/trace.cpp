@@ -641,10 +641,20 @@ std::vector<std::int64_t> StateProbe::signature(std::int64_t base_id, std::int64
     // Tensors of the periods: negative distances, apart from the ids before the base.
     auto name = [&](std::int64_t id) { return id < base_id ? id : id - next_id; };
     std::vector<std::int64_t> out;
+    // Ascending by name without a sort (a fifth of a one-GPU grad-accum 16
+    // simulation's instructions): the table walks its ids in ascending order,
+    // so the names are two ascending runs, the periods' (negative) after the
+    // older ones. (Ids outside the dense table come last, in no order: sorted
+    // then.)
     std::vector<std::pair<std::int64_t, std::int64_t>> tensors;
     tensors.reserve(s.live.size());
-    s.live.for_each([&](std::int64_t id, const Live& l) { tensors.emplace_back(name(id), l.size.count()); });
-    std::sort(tensors.begin(), tensors.end());
+    std::size_t older = 0;
+    s.live.for_each([&](std::int64_t id, const Live& l) {
+        tensors.emplace_back(name(id), l.size.count());
+        if (id < base_id) ++older;
+    });
+    std::rotate(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(older), tensors.end());
+    if (!std::is_sorted(tensors.begin(), tensors.end())) std::sort(tensors.begin(), tensors.end());
     out.push_back(static_cast<std::int64_t>(tensors.size()));
     for (const auto& [k, v] : tensors) {
         out.push_back(k);
