@@ -641,8 +641,8 @@ std::vector<std::int64_t> StateProbe::signature(std::int64_t base_id, std::int64
     // Tensors of the periods: negative distances, apart from the ids before the base.
     auto name = [&](std::int64_t id) { return id < base_id ? id : id - next_id; };
     std::vector<std::int64_t> out;
-    // Ascending by name without a sort (a fifth of a one-GPU grad-accum 16
-    // simulation's instructions): the table walks its ids in ascending order,
+    // Ascending by name without a sort (the sort was 1.4% of the instructions
+    // of `estimate llama-3-8b --seq 2048 --grad-accum 16`): the table walks its ids in ascending order,
     // so the names are two ascending runs, the periods' (negative) after the
     // older ones. (Ids outside the dense table come last, in no order: sorted
     // then.)
