@@ -271,7 +271,7 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
                                  : graphs && m.graph_general_extra > Bytes(0)
                                      ? "one largest-tensor block kept cached, 2 MiB segments; the general pool's own peak (" +
                                            format_bytes(m.graph_general_extra) + " more) falls where the graph pool is not at its peak"
-                                     : "one largest-tensor block kept cached, 2 MiB segments"});
+                                     : "one largest-tensor block kept cached, 2 MiB segments; fragmentation beyond it is the step simulation's (run without --analytic)"});
         out.breakdown.push_back({"cuda_context", "CUDA context (outside PyTorch)", pg.cuda_context,
                                  req.cuda_context ? "--cuda-context"
                                                   : "default for " + job.gpu.name + (req.cuda_lazy_loading ? " with lazy module loading" : " with eager module loading")});
