@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <iostream>
 #include <functional>
+#include <iomanip>
+#include <sstream>
 #include <optional>
 #include <tuple>
 
@@ -54,6 +56,12 @@ EstimateResult simulated(EstimateRequest req) {
 }
 
 double pct(double d) { return std::round(d * 1000.0) / 10.0; }
+// pct(d) as text with one decimal (std::to_string prints six).
+std::string pct_text(double d) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(1) << pct(d);
+    return o.str();
+}
 
 double rel(Bytes a, Bytes b) { return (static_cast<double>(a.count()) - static_cast<double>(b.count())) / static_cast<double>(std::max<std::int64_t>(1, b.count())); }
 
@@ -110,7 +118,7 @@ void check_jobs(GridKind kind, const std::vector<GridJob>& jobs) {
         const EstimateResult a = analytic(j.req);
         const double dt = rel(a.per_gpu.total_device, s.per_gpu.total_device);
         const std::string dev = format_bytes(a.per_gpu.total_device) + " vs simulated " + format_bytes(s.per_gpu.total_device) + " (" +
-                                std::to_string(pct(dt)) + "%): " + request_to_command(j.req);
+                                pct_text(dt) + "%): " + request_to_command(j.req);
         if (dt < dev_under) dev_under = dt, dev_under_job = dev;
         if (dt > dev_over) dev_over = dt, dev_over_job = dev;
         if (std::fabs(dt) <= 0.05) ++dev_within;

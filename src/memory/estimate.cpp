@@ -75,10 +75,11 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         out.model_name = g.name;
         out.model_source = g.source;
         out.family = g.family;
-        out.params = summarize_params(job_graph(g, job));
+        const ModelGraph& jg = job_graph(g, job);  // (the job's rewrites applied)
+        out.params = summarize_params(jg);
         const bool train = job.train;
         ActivationMemo memo;  // the block walks, shared with the pipeline chunks below
-        if (g.params_only == 0) out.activation_detail = saved_activations(job_graph(g, job), job.actx, nullptr, false, &memo);
+        if (g.params_only == 0) out.activation_detail = saved_activations(jg, job.actx, nullptr, false, &memo);
         const ActivationResult& act = out.activation_detail;
 
         const std::int64_t cublas_handles = train ? 2 : 1;  // main thread + autograd's backward thread
@@ -117,8 +118,8 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         // - ZeRO-3 / FSDP: a unit's gathered parameters, one block gathered and
         //   freed at each use (the root unit's, a tied 128k-token embedding,
         //   outweighs every activation of a short sequence).
-        const ModelGraph& jg = job_graph(g, job);
         Bytes act_largest = act.largest_tensor;
+        // (A parameters-only model has no block walk: its largest stays 0.)
         if (!train && jg.transformer && act.blocks.size() == jg.blocks.size() && !jg.blocks.empty()) {
             act_largest = dtype_bytes(DType::F32, checked_mul(req.batch, jg.transformer->vocab));
             for (std::size_t i = 0; i + 1 < act.blocks.size(); ++i) act_largest = max(act_largest, act.blocks[i].largest_tensor);
