@@ -446,6 +446,14 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
         bool any_recompute = false;
         Bytes gather_first, gather_first_fwd, gather_near_first, gather_head, gather_head_fwd, grad_first, grad_head, head_saved;
         Bytes held_quant;  // the head chunk's 4-bit inputs a held graph keeps (BlockActivations::quant_held)
+        // no_sync over two micro-batches: the second, the only one that adds to
+        // gradients made before, is also the one that syncs, and each unit's
+        // post-backward reduce-scatters its accumulated gradient into the
+        // rank's slice and frees it (as StepBuilder::backward_chunk's last
+        // micro-batch). By the embedding's backward, the last, the other
+        // blocks hold their slices, not the unsharded gradients the schedule
+        // walk counts: what that frees.
+        Bytes synced_before_embedding;
         // "0-3, 16-19": the layers of each model chunk (its storage reused by
         // the thread's calls, with no temporary strings: the text of every
         // rank was a tenth of the heap allocations of a planner's search).
@@ -577,6 +585,13 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                     }
             // Gradients each model chunk holds once it has run a backward.
             for (const Instance& in : mine) chunk_grad[static_cast<std::size_t>(chunk_v(in.v))] += kept_grad_of[static_cast<std::size_t>(in.block)];
+            if (keep_unsharded && m == 2 && !always)
+                for (const Instance& in : mine)
+                    if (in.block != 0) {
+                        const auto bi = static_cast<std::size_t>(in.block);
+                        const Bytes slice = grad_of[bi].ceil_div(std::max<std::int64_t>(1, lay.shard));
+                        synced_before_embedding += kept_grad_of[bi] - std::min(kept_grad_of[bi], slice);
+                    }
             // Gradients a chunk's backward has yet to make when it reaches the
             // chunk's first layer (that layer's and the embedding's before it).
             for (std::int64_t ch = 0; ch < vpp; ++ch)
@@ -913,7 +928,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 if (end_emb_new_seen)
                     bwd_end = max(bwd_end, end_held + end_emb_new + end_round + extra + gather_new +
                                                (inbwd ? inbwd_first : grad_buffer || !grads_per_op ? Bytes(0) : (job.amp && job.tdt == DType::F32 ? Bytes(eg.count() / 2) : Bytes(0))));
-                if (end_emb_acc_seen) bwd_end = max(bwd_end, end_held + end_emb_acc + end_round + extra + gather_acc + (grad_buffer ? Bytes(0) : eg));
+                if (end_emb_acc_seen)
+                    bwd_end = max(bwd_end, end_held + end_emb_acc - std::min(end_emb_acc, synced_before_embedding) + end_round + extra + gather_acc +
+                                               (grad_buffer ? Bytes(0) : eg));
             }
             // Optimizer step over this rank's tensors (torch/optim/adam.py):
             // foreach allocates one state-sized list at once (_foreach_sqrt);
