@@ -900,6 +900,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             // Only a block with a checkpointed instance is rebuilt.
             // (Its kept or fetched input is the one its first op saves: one storage.)
             ba.recompute_transient = n_ck > 0 ? rest.saved + rest.largest + fetched - (rest.saves_input ? rest.input_bytes : Bytes(0)) : Bytes(0);
+            ba.recompute_layer = ba.recompute_transient;
             ba.recompute_largest = n_ck > 0 ? rest.largest : Bytes(0);
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
             // No checkpointed instance here: the trailing run goes on through this block.
@@ -935,6 +936,7 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             // StepBuilder::backward_chunk: the forward re-run from it), not a
             // second copy beside its saves.
             ba.recompute_transient = rest.saved * chunk + rest.largest + fetched - (rest.saves_input ? rest.input_bytes : Bytes(0));
+            ba.recompute_layer = rest.saved + rest.largest + fetched - (rest.saves_input ? rest.input_bytes : Bytes(0));
             ba.recompute_largest = rest.largest;
             res.recompute_transient = max(res.recompute_transient, ba.recompute_transient);
             res.recompute_trailing = Bytes(0);
@@ -994,6 +996,10 @@ ActivationResult saved_activations(const ModelGraph& g, const ActivationContext&
             BlockActivations& b = res.blocks[insts[c].block];
             // (The chunk's kept or fetched input is the one its first layer saves.)
             b.recompute_transient = max(b.recompute_transient, sum + largest + fetched - insts[c].input_saved);
+            for (std::size_t i = c; i < std::min(insts.size(), c + static_cast<std::size_t>(group)); ++i) {
+                BlockActivations& bi = res.blocks[insts[i].block];
+                bi.recompute_layer = max(bi.recompute_layer, insts[i].saved + insts[i].largest + insts[i].fetched - insts[i].input_saved);
+            }
             b.recompute_largest = max(b.recompute_largest, largest);
             res.recompute_transient = max(res.recompute_transient, b.recompute_transient);
         }

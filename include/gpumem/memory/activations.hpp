@@ -140,6 +140,9 @@ struct BlockActivations {
     Bytes grad_pair_net;         // the same less the saved tensors the block's later ops freed before it
     Bytes recompute_transient;   // full recompute: one instance rebuilt in backward
     Bytes recompute_largest;     // part of recompute_transient: the rebuild's largest transient tensor
+    // One instance rebuilt (Megatron's uniform chunks rebuild N at once in
+    // recompute_transient; its last layer's backward, with one left, is this).
+    Bytes recompute_layer;
     Bytes weight_casts;          // part of `total`: autocast's 16-bit weight copies
     Bytes lora;                  // part of `total`: LoRA adapter tensors
     // Part of `total`: inputs bitsandbytes' 4-bit matmul (< 0.43.2) keeps as
