@@ -374,6 +374,52 @@ TEST(GridAgreement, Fsdp1GradOpNoSyncHoldsEveryUnit) {
     EXPECT_GT(ana1.per_gpu.peak_allocated, analytic(r).per_gpu.peak_allocated) << request_to_command(r);
 }
 
+// FSDP's root unit (memory/parallel.hpp fsdp_holds_root): PyTorch does not
+// reshard the root after its forward, so where the root holds the embeddings
+// and the output layer they stay gathered from the forward's start to the end
+// of the backward. At the peak (the backward's start) both views then hold
+// the root unit beside a layer: Llama-3.2-1B's tied embedding and final norm,
+// (128256 x 2048 + 2048) x 2 bytes; Pythia-160M's two untied 50304 x 768
+// embeddings and final LayerNorm, (2 x 50304 x 768 + 2 x 768) x 2 bytes, with
+// FSDP1 (--fsdp-version 1), torchtune's and LitGPT's wrapping; under
+// fully_shard with an untied output layer (the default framework) the
+// embedding is a unit of its own, gathered at its use only. (LitGPT copies a
+// tied embedding into its own output layer: its root holds both.) The two
+// views agree on every job.
+TEST(GridAgreement, FsdpRootUnitHeldThroughTheStep) {
+    const Bytes llama_root((128256 * std::int64_t{2048} + 2048) * 2), pythia_root((2 * 50304 * std::int64_t{768} + 2 * 768) * 2);
+    struct Case {
+        const char* model;
+        const char* how;
+        Bytes root;  // at least this gathered at the peak (0: less than the model's root)
+    };
+    const std::vector<Case> cases = {{"llama-3.2-1b", "", llama_root},        {"llama-3.2-1b", "v1", llama_root},
+                                     {"llama-3.2-1b", "torchtune", llama_root}, {"llama-3.2-1b", "litgpt", llama_root * 2},
+                                     {"pythia-160m", "", Bytes(0)},            {"pythia-160m", "v1", pythia_root},
+                                     {"pythia-160m", "torchtune", pythia_root}, {"pythia-160m", "litgpt", pythia_root}};
+    auto row = [](const EstimateResult& e, const std::string& key) {
+        for (const auto& r : e.breakdown)
+            if (r.key == key) return r.bytes;
+        return Bytes(-1);
+    };
+    for (const Case& c : cases) {
+        nlohmann::json j = {{"model", c.model}, {"batch", 1}, {"seq", 1024}, {"precision", "bf16"}, {"gpus", 8}, {"fsdp", "full"},
+                            {"gpu-memory", "1024TiB"}};
+        if (std::string(c.how) == "v1") j["fsdp-version"] = 1;
+        else if (*c.how) j["framework"] = c.how;
+        const EstimateRequest r = request_from_json(j).value();
+        const EstimateResult sim = simulated(r), ana = analytic(r);
+        const Bytes gathered = row(sim, "gathered_params");
+        if (c.root > Bytes(0)) {
+            EXPECT_GE(gathered, c.root) << request_to_command(r);
+        } else {
+            EXPECT_LT(gathered, std::string(c.model) == "pythia-160m" ? pythia_root : llama_root) << request_to_command(r);
+        }
+        EXPECT_NEAR(static_cast<double>(ana.per_gpu.peak_allocated.count()) / static_cast<double>(sim.per_gpu.peak_allocated.count()), 1.0, 0.02)
+            << request_to_command(r);
+    }
+}
+
 // A layer's forward comes before the output layer has saved anything. With
 // ZeRO-3 / FSDP a layer's moment gathers two layers, the output layer's the
 // embedding's unit; Llama-3.2-1B's output layer saves 128256-wide chunks of

@@ -618,6 +618,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 }
                 return pre;
             };
+            const bool root_held = zero3 && fsdp_holds_root(g, job);
             if (zero3)
                 for (std::int64_t ch = 0; ch < vpp; ++ch) {
                     // The chunk's block instances in execution order.
@@ -628,6 +629,17 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                         seq_kind.push_back(kind_of(static_cast<std::size_t>(in.block)));
                     }
                     Bytes kept;
+                    // FSDP's root unit (fsdp_holds_root): the embeddings' and the
+                    // output layer's parameters gathered once, held through every
+                    // moment below; neither is gathered nor prefetched at its use
+                    // (nor freed and gathered again: not a cached block at the peak).
+                    Bytes root;
+                    if (root_held)
+                        for (std::size_t k = 0; k < seq_sizes.size(); ++k)
+                            if (seq_kind[k] != 1) {
+                                root += seq_sizes[k];
+                                seq_sizes[k] = Bytes(0);
+                            }
                     for (const Bytes& unit : seq_sizes) sm.largest_gathered = max(sm.largest_gathered, unit);
                     for (std::size_t k = 0; k < seq_sizes.size(); ++k) {
                         const Bytes next = k + 1 < seq_sizes.size() ? seq_sizes[k + 1] : Bytes(0);
@@ -671,6 +683,9 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                         }
                     }
                     if (c.fsdp == Fsdp::GradOp) chunk_gather[static_cast<std::size_t>(ch)] = kept;
+                    if (root > Bytes(0))
+                        for (Bytes* gb : {&gather_max, &gather_last_fwd, &gather_near_first, &gather_first, &gather_first_fwd, &gather_head, &gather_head_fwd})
+                            *gb += root;
                 }
             // 4-bit weights dequantized one layer at a time.
             if (job.dequant > Bytes(0) && has_layers) dequant = job.dequant.ceil_div(t);
@@ -1202,6 +1217,14 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     if (c.capacity_factor != 1.0)
         res.notes.push_back("routed-expert activations scaled by the capacity factor " + std::to_string(c.capacity_factor));
     return res;
+}
+
+bool fsdp_holds_root(const ModelGraph& g, const Job& job) {
+    const ParallelConfig& c = job.layout.cfg;
+    if (!job.train || (c.fsdp != Fsdp::Full && c.fsdp != Fsdp::Hybrid) || c.zero == 3 || std::max<std::int64_t>(1, c.pp) > 1) return false;
+    if (!g.transformer || g.params_only != 0 || g.blocks.size() < 3) return false;
+    return has_tied_output_head(g) || c.fsdp_version == 1 || job.framework.framework == Framework::Torchtune ||
+           job.framework.framework == Framework::LitGPT;
 }
 
 Bytes model_states_floor(const ModelGraph& g_in, const Job& job) {

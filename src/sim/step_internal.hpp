@@ -320,6 +320,11 @@ private:
     std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> chunks_;  // per chunk: (plan, instances) in order
     std::vector<RankTensor> tensors_;
     std::vector<Bytes> block_gather_;     // per plan: 16-bit parameters of one instance (tp-sharded)
+    // FSDP's root unit (memory/parallel.hpp fsdp_holds_root): the first and
+    // last blocks' parameters, gathered once at each forward's start and held
+    // to the end of that micro-batch's backward (their block_gather_ is 0).
+    Bytes root_gather_;
+    std::int64_t root_held_ = 0;
     std::vector<Bytes> block_grad_;       // per plan: trainable gradients of one instance before reduce-scatter
     bool gather_ = false, shard_grads_ = false, shard_opt_ = false, grad_buffer_ = false, tied_owned_ = false;
     bool inbwd_ = false;                  // optimizer in backward

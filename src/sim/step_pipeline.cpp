@@ -59,6 +59,13 @@ void StepBuilder::rank_setup() {
             block_flat_[bi] += rt.flat_grad * per_instance;
         }
     }
+    root_gather_ = Bytes(0);
+    root_held_ = 0;
+    if (gather_ && fsdp_holds_root(g_, job_) && plans_.size() >= 3) {
+        root_gather_ = block_gather_.front() + block_gather_.back();
+        block_gather_.front() = Bytes(0);
+        block_gather_.back() = Bytes(0);
+    }
     em_.mark();
 }
 
@@ -93,6 +100,9 @@ std::vector<Instance> StepBuilder::forward_chunk(std::int64_t chunk) {
     std::int64_t x = 0;
     bool rg = false;
     const auto& units = chunks_[static_cast<std::size_t>(chunk)];
+    // FSDP's root unit: gathered by the root's pre-forward, before the embedding.
+    if (root_gather_ > Bytes(0) && first_vstage(chunk) && root_held_ == 0)
+        root_held_ = em_.alloc(root_gather_, em_.label("embeddings and output layer (gathered parameters: FSDP root unit)"));
     if (!first_vstage(chunk) && g_.transformer && !units.empty()) {
         // Activations received from the previous stage.
         const Bytes in = dtype_bytes(job_.actx.stream, checked_mul(checked_mul(job_.req.batch, plans_[units.front().first].seq), g_.transformer->hidden));
@@ -240,6 +250,11 @@ void StepBuilder::backward_chunk(std::int64_t chunk, std::vector<Instance>& stac
         }
         em_.stream = 0;
         (void)pi;
+    }
+    // The root's post-backward, after the embedding's backward, reshards it.
+    if (root_held_ != 0 && first_vstage(chunk)) {
+        em_.unref(root_held_);
+        root_held_ = 0;
     }
     em_.unref(prefetched_);
     prefetched_ = 0;

@@ -353,4 +353,33 @@ ParallelResult parallel_memory(const ModelGraph& g, const Job& job, const Activa
 // inference.
 Bytes model_states_floor(const ModelGraph& g, const Job& job);
 
+// Whether FSDP (full or hybrid sharding, one pipeline stage) holds its root
+// unit, the parameters outside the wrapped layers (embeddings, final norm,
+// output layer: one all-gather of `g`'s first and last blocks), gathered
+// from the forward's start to the end of the backward instead of gathering
+// the embedding and the output layer at each use. PyTorch does not reshard
+// the root after its forward (FSDP1: pytorch/pytorch
+// torch/distributed/fsdp/_runtime_utils.py@3ade90a6aaa9 _post_forward_reshard,
+// `not state._is_root`; fully_shard: torch/distributed/fsdp/_fully_shard/
+// _fsdp_state.py@1fd469d0c96e FSDPState._lazy_init, the root's
+// post_forward_mesh_info = None); its post-backward, after the embedding's
+// backward, reshards it. What the root holds is the framework's wrapping:
+// - FSDP1's wrapper with layer auto-wrapping (`--fsdp-version 1`; LitGPT's
+//   Fabric FSDPStrategy, docs/frameworks.md LitGPT rule 13): the embeddings,
+//   final norm and output layer;
+// - torchtune's shard_model (torchtune/training/_distributed.py@bd2a0fc7c314
+//   L709-714): the same, the root with reshard_after_forward=False (configs
+//   that set custom_sharded_layers, e.g. recipes/configs/llama3_1/8B_full.yaml
+//   L84, shard the embedding and output on their own: not modelled);
+// - a tied embedding everywhere: accelerate's fully_shard path groups the final
+//   norm with the tied embedding, reshard_after_forward=False
+//   (src/accelerate/utils/fsdp_utils.py@16cb6eb80dd9 L847-864), as torchtitan
+//   does (torchtitan/distributed/fsdp.py@b5bcd76c66d0 apply_fsdp_to_decoder,
+//   the tied unit resharded only under the "always" policy);
+// - an untied output layer under fully_shard (accelerate, torchtitan): the
+//   embedding is a unit of its own, resharded after forward, and the final
+//   norm and output layer one kept from their forward to their backward,
+//   which follows it: gathered at each use, as the other blocks (false).
+bool fsdp_holds_root(const ModelGraph& g, const Job& job);
+
 }  // namespace gpumem
