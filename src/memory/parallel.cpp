@@ -951,8 +951,10 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 // layer's backward, with that layer's rebuild alone left (a ZeRO-3
                 // prefetch of Pythia's embedding with the whole chunk put
                 // pythia-160m LoRA 5.5% over the simulation).
+                // (A plain name for the walk's binding: clang before 16 cannot capture structured bindings.)
+                const Bytes first_layer_end = end_first_layer;
                 const auto rebuilt_end = [&](Bytes rc, Bytes gather) {
-                    return end_held + unsharded_held + tied_grad + end_first_layer + end_round + rc - std::min(rc, recompute_largest) +
+                    return end_held + unsharded_held + tied_grad + first_layer_end + end_round + rc - std::min(rc, recompute_largest) +
                            max(max(grad_pair, dequant), recompute_largest) + gather + block_grad_max + inbwd_end;
                 };
                 const Bytes one = recompute_layer > Bytes(0) ? std::min(recompute_layer, recompute) : recompute;
