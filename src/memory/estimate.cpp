@@ -125,10 +125,12 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
         //   GPUMEM_GRID_SEED default, 12 and 29; with both 57.5%, 56.5%, 62.9%).
         //   FSDP's root unit, held through the step (memory/parallel.hpp
         //   fsdp_holds_root), is not among them.
+        // (Inference: the prompt's pieces, also the breakdown's rows below.)
+        const InferencePieces ip = train ? InferencePieces{} : inference_pieces(g, job);
         Bytes act_largest = act.largest_tensor;
         // (A parameters-only model has no block walk: its largest stays 0.)
         if (!train && jg.transformer && act.blocks.size() == jg.blocks.size() && !jg.blocks.empty()) {
-            act_largest = dtype_bytes(DType::F32, checked_mul(req.batch, jg.transformer->vocab));
+            act_largest = ip.logits_fp32;
             for (std::size_t i = 0; i + 1 < act.blocks.size(); ++i) act_largest = max(act_largest, act.blocks[i].largest_tensor);
         }
         const Bytes largest = dist ? act_largest.ceil_div(std::max<std::int64_t>(1, job.layout.cfg.tp) * std::max<std::int64_t>(1, job.layout.cfg.cp))
@@ -244,7 +246,6 @@ Result<EstimateResult> analytic_estimate(const ModelGraph& g, const EstimateRequ
             out.breakdown.push_back({"weights", "weights", m.weights,
                                      (dist ? where + ", " : std::string()) + std::string(dtype_name(job.wdt)) +
                                          (job.quant != Quant::None ? std::string(", ") + to_string(job.quant) + " linear weights" : "")});
-            const InferencePieces ip = inference_pieces(g, job);
             out.breakdown.push_back({"kv_cache", "KV cache", m.kv_cache,
                                      "batch " + std::to_string(req.batch) + ", " + std::to_string(ip.total_len) + " tokens" +
                                          (dist && job.layout.cfg.tp > 1 ? ", this rank's key/value heads" : "")});

@@ -180,7 +180,8 @@ InferencePieces inference_pieces(const ModelGraph& g, const Job& job) {
                                                   td.experts > 0 ? 3 * std::max<std::int64_t>(td.experts_per_token, 1) : 3));
         ip.hidden = dtype_bytes(lowered, checked_mul(bs, td.hidden)) * 4;
         // Generation computes logits for the last position only (logits_to_keep=1), upcast to fp32.
-        ip.logits = dtype_bytes(lowered, checked_mul(req.batch, td.vocab)) + dtype_bytes(DType::F32, checked_mul(req.batch, td.vocab));
+        ip.logits_fp32 = dtype_bytes(DType::F32, checked_mul(req.batch, td.vocab));
+        ip.logits = dtype_bytes(lowered, checked_mul(req.batch, td.vocab)) + ip.logits_fp32;
     } else if (g.params_only == 0) {
         ActivationContext c = job.actx;
         const ActivationResult act = saved_activations(g, c);
@@ -279,6 +280,7 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
     if (job.train && graph && !whole_in) whole_own = saved_activations(g, ctx, nullptr, false, memo);
     const ActivationResult& whole = job.train && graph && whole_in ? *whole_in : whole_own;
     const bool zero3 = c.zero == 3 || c.fsdp != Fsdp::None;          // parameters sharded at rest, gathered per layer
+    const bool root_held = zero3 && fsdp_holds_root(g, job);          // FSDP's root unit gathered through the step
     const StateFlags flags = state_flags(job);  // (plain names: clang before 16 cannot capture structured bindings)
     const bool shard_grads = flags.shard_grads, shard_opt = flags.shard_opt, offload_opt = flags.offload_opt, inbwd = flags.inbwd;
     // Optimizer in backward (inbwd, memory/features.hpp): no gradient outlives
@@ -618,7 +620,6 @@ ParallelResult parallel_memory(const ModelGraph& g_in, const Job& job, const Act
                 }
                 return pre;
             };
-            const bool root_held = zero3 && fsdp_holds_root(g, job);
             if (zero3)
                 for (std::int64_t ch = 0; ch < vpp; ++ch) {
                     // The chunk's block instances in execution order.

@@ -327,6 +327,7 @@ struct InferencePieces {
     DType kv_dtype = DType::BF16;
     Bytes kv_cache;
     Bytes hidden, attention, mlp, logits;
+    Bytes logits_fp32;  // part of logits: the last position's fp32 upcast, its largest tensor
     Bytes working_set;  // models without transformer dims: the largest block's working set
 };
 InferencePieces inference_pieces(const ModelGraph& g, const Job& job);
